@@ -1668,10 +1668,10 @@ fn a_node_export_reloaded_read_only_is_learnt_by_the_check_without_a_write() {
 
 /// A reload of the gateway, with a node export that refuses writes, runs the volume's check of the
 /// export's flags at once (`read_only_check_s = 3600` here, so no periodic check comes first) instead of
-/// renewing the node sessions: while the export is still read-only nothing is renewed (until 2026-12-07
-/// every reload renewed those sessions, a handshake each, and ran no check); once a reload of the node
-/// has made it writable, the gateway's next reload finds it so and the sessions renew. `/api/nodes`
-/// counts the checks.
+/// renewing the node sessions: while the export is still read-only nothing is renewed, through two such
+/// reloads and their checks (until 2026-12-07 every reload renewed those sessions, a handshake each, and
+/// ran no check); once a reload of the node has made it writable, the gateway's next reload finds it so
+/// and the sessions renew. `/api/nodes` counts the checks.
 #[test]
 fn a_gateway_reload_checks_read_only_node_exports_at_once() {
     let tmp = tmpdir("gw-ro-reload-check");
@@ -1699,6 +1699,13 @@ fn a_gateway_reload_checks_read_only_node_exports_at_once() {
     gw.wait_line("export v: a check of the flags of s1's export runs now");
     assert!(eventually(Duration::from_secs(10), || checks() == (1, 0)), "the reload's check: {:?}", checks());
     assert!(advertised_read_only(&gw), "still read-only");
+    // A renewal the check asked for would be logged within moments; a second reload and its check, run
+    // through to the end and logged after, prove that those moments passed (the first check's count
+    // alone did not: a renewal follows it).
+    let gw_reloads = || gw.log.lock().unwrap().iter().filter(|l| l.contains("configuration reloaded")).count();
+    gw.signal("-HUP");
+    assert!(eventually(Duration::from_secs(30), || gw_reloads() == 2), "the gateway's second reload");
+    assert!(eventually(Duration::from_secs(10), || checks() == (2, 0)), "its check: {:?}", checks());
     let renewed = || gw.log.lock().unwrap().iter().filter(|l| l.contains("node session renewed")).count();
     assert_eq!(renewed(), 0, "nothing renewed while the export is read-only");
     // Writable on the node: the gateway's next reload checks, and renews the sessions.
@@ -1710,10 +1717,10 @@ fn a_gateway_reload_checks_read_only_node_exports_at_once() {
     gw.wait_line("the node's export is writable (a check of its flags)");
     gw.wait_line("node session renewed to learn whether its export still refuses writes");
     assert!(eventually(Duration::from_secs(10), || !advertised_read_only(&gw)), "a new connection sees it writable");
-    assert_eq!(checks(), (2, 0));
+    assert_eq!(checks(), (3, 0));
     let (status, _, metrics) = common::http(gw.admin, "GET", "/metrics", "", "");
     assert_eq!(status, 200);
-    assert!(metrics.contains("rein_gateway_node_read_only_checks_total{export=\"v\",node=\"s1\"} 2\n"), "{metrics}");
+    assert!(metrics.contains("rein_gateway_node_read_only_checks_total{export=\"v\",node=\"s1\"} 3\n"), "{metrics}");
     assert!(metrics.contains("rein_gateway_node_read_only_checks_failed_total{export=\"v\",node=\"s1\"} 0\n"));
 }
 
