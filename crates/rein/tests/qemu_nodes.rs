@@ -84,7 +84,8 @@ fn quiet(log: &Path) -> String {
 }
 
 /// Two qemu-nbd nodes, each with export `v`: q1 read-only (`-r`), q2 writable, its image behind qemu's
-/// blkdebug driver answering the first write with EPERM. Volume `r` lies on q1, `w` on q2. The gateway's
+/// blkdebug driver answering the first write with EPERM. A probe of 40 exports on one connection to q1
+/// gets 40 answers (`v` read-only, the others unknown). Volume `r` lies on q1, `w` on q2. The gateway's
 /// checks of both succeed, period after period, none failed, and qemu-nbd logs nothing of them (each ends
 /// with NBD_OPT_ABORT, which qemu answers and closes on quietly). `r` is advertised read-only and its
 /// WRITE refused by the gateway. On `w`, q2's one EPERM makes the gateway take the export as read-only;
@@ -117,6 +118,14 @@ fn qemu_nbd_nodes_exports_are_checked_read_only_or_writable() {
         q2_image.replace(',', ",,")
     ));
     let _q2 = start("qemu-nbd", &q2_args, &q2_log, q2_at);
+    // One connection takes more NBD_OPT_INFOs than the gateway sends a plain node (30), unknown exports
+    // among them: 40, `v` and 39 that q1 does not have.
+    let names: Vec<String> = std::iter::once("v".to_string()).chain((1..40).map(|i| format!("none{i}"))).collect();
+    let answers = probe(q1_at, &names);
+    assert_eq!(answers.len(), 40, "{answers:?}");
+    assert!(matches!(answers[0], Probed::Info { flags, .. } if flags & TFLAG_READ_ONLY != 0), "{answers:?}");
+    let unknown = |a: &Probed| matches!(a, Probed::Refused { reply: REP_ERR_UNKNOWN, .. });
+    assert!(answers[1..].iter().all(unknown), "{answers:?}");
     let text = format!(
         "{}\n{TOP}[[nodes]]\nname = \"q1\"\naddress = \"{q1_at}\"\nprotocol = \"nbd\"\n\
          [[nodes]]\nname = \"q2\"\naddress = \"{q2_at}\"\nprotocol = \"nbd\"\n\
