@@ -120,7 +120,8 @@
 //! one, a slow link's many round trips are not summed against it). An export that two
 //! volumes use is asked once; each volume counts the check ([`NodeStats::checks`]). A connection carries at
 //! most [`PROBE_EXPORTS_REIN`] exports on a node known to run `rein serve` (it counts no options) and
-//! [`p::PROBE_EXPORTS_ANY_SERVER`] on another (nbdkit ends a handshake after 32 options); more take several
+//! [`p::PROBE_EXPORTS_ANY_SERVER`] on another (nbdkit ends a handshake after 32 options; qemu's server
+//! counts none, but ends a handshake not done within 10 s); more take several
 //! connections a period, one after another, and a node that cannot be reached fails the rest of the round
 //! untried. An error reply to one export's NBD_OPT_INFO (an export the node no longer has, a policy) fails
 //! that export's check only. A node silent for `connect_timeout` delays only its own task, not the checks of
