@@ -1102,6 +1102,7 @@ impl Storage for MemStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rein_testkit::LoopFs;
 
     fn exercise(s: &dyn Storage) {
         let size = s.size();
@@ -1267,51 +1268,11 @@ mod tests {
         eventually(|| FileStorage::open(&path, None, false)); // free again once the other is gone
     }
 
-    /// A loop device over `dir/dev.img` with an ext4 on it, detached (and unmounted from `dir/mnt`) when
-    /// dropped. `None`, said, where it cannot be made (needs root, loop devices and ext4).
-    struct LoopFs {
-        dev: String,
-        mnt: std::path::PathBuf,
-    }
-
-    impl LoopFs {
-        fn make(dir: &Path) -> Option<LoopFs> {
-            use std::process::Command;
-            let img = dir.join("dev.img");
-            File::create(&img).and_then(|f| f.set_len(16 << 20)).ok()?;
-            let out = Command::new("losetup").args(["-f", "--show"]).arg(&img).output().ok()?;
-            if !out.status.success() {
-                eprintln!("skipped: no loop device can be attached here (needs root)");
-                return None;
-            }
-            let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            let fs = LoopFs { dev, mnt: dir.join("mount point") };
-            std::fs::create_dir(&fs.mnt).ok()?;
-            let mkfs = Command::new("mkfs.ext4").args(["-q", "-F", &fs.dev]).status();
-            if !mkfs.is_ok_and(|s| s.success()) {
-                eprintln!("skipped: mkfs.ext4 failed");
-                return None;
-            }
-            Some(fs)
-        }
-        fn mount(&self) -> bool {
-            let st = std::process::Command::new("mount")
-                .arg(&self.dev)
-                .arg(&self.mnt)
-                .stderr(std::process::Stdio::null())
-                .status();
-            st.is_ok_and(|s| s.success())
-        }
-        fn umount(&self) {
-            let _ = std::process::Command::new("umount").arg(&self.mnt).stderr(std::process::Stdio::null()).status();
-        }
-    }
-
-    impl Drop for LoopFs {
-        fn drop(&mut self) {
-            self.umount();
-            let _ = std::process::Command::new("losetup").args(["-d", &self.dev]).status();
-        }
+    /// An ext4 of 16 MiB on a loop device over `dir/dev.img`, mount point `dir/mount point` (a space, as
+    /// the kernel's mountinfo escapes it); unmounted, detached and removed when dropped. `None`, said,
+    /// where it cannot be made (needs root, loop devices and ext4).
+    fn loop_fs(dir: &Path) -> Option<LoopFs> {
+        LoopFs::make(&dir.join("dev.img"), 16 << 20, "mkfs.ext4", &dir.join("mount point"))
     }
 
     /// A writable block device is claimed from the kernel (module comment, "One writer per file"): the
@@ -1322,14 +1283,13 @@ mod tests {
     /// device, mount, mknod); elsewhere skipped.
     #[test]
     fn a_block_device_in_use_by_the_system_is_not_written() {
-        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::Builder::new().prefix("rein-storage-claim-").tempdir().unwrap();
-        let Some(fs) = LoopFs::make(dir.path()) else { return };
-        let dev = Path::new(&fs.dev);
-        assert!(fs.mount(), "mount {}", fs.dev);
+        let Some(fs) = loop_fs(dir.path()) else { return };
+        let dev = Path::new(fs.dev());
+        assert!(fs.mount(), "mount {}", fs.dev());
         let e = FileStorage::open(dev, None, false).err().expect("the device of a mounted file system, writable");
         // Named by where it is mounted (the mount point has a space: `\040` in the kernel's mountinfo).
-        let mounted = format!("is a block device in use: it is mounted at {}. The kernel refused", fs.mnt.display());
+        let mounted = format!("is a block device in use: it is mounted at {}. The kernel refused", fs.mnt().display());
         assert!(matches!(e, StorageError::DeviceBusy(_)) && e.to_string().starts_with(&mounted), "{e}");
         let ro = FileStorage::open(dev, None, true).expect("read-only beside the mount");
         drop(ro);
@@ -1345,28 +1305,19 @@ mod tests {
         // process's claim through it (here an O_EXCL open of this one's own, as another process's is;
         // this process's storages share one claim, `a_block_device_is_one_claim_through_any_node_of_it`).
         let other = dir.path().join("node");
-        node(&other, std::fs::metadata(dev).unwrap().rdev());
+        fs.loop_dev().node(&other);
         let e = exclusive_open(&other, &std::fs::metadata(&other).unwrap()).expect_err("a claim through another node");
         // No mount, swap or stacked device: a process's claim, here this one's (`served`), which is left out
         // of the processes named (the asker has the device open itself), so the tools that list them are
         // named, with the device's own node (`fuser` and `lsof` of the other node do not list a process that
         // opened this one).
-        let claimed = format!("fuser -v {0} or lsof {0} lists those that have it open", fs.dev);
+        let claimed = format!("fuser -v {0} or lsof {0} lists those that have it open", fs.dev());
         assert!(matches!(e, StorageError::DeviceBusy(_)) && e.to_string().contains(&claimed), "{e}");
         // A reload's second open through the same path shares the claim.
         let again = FileStorage::open(dev, None, false).expect("the same device again, same path");
         drop((served, again));
         assert!(FileStorage::open(&other, None, false).is_ok(), "free again once released");
         assert!(fs.mount(), "mountable again once released");
-    }
-
-    /// A node made with `mknod` for the device number `rdev` at `path`.
-    fn node(path: &Path, rdev: u64) {
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: mknod reads the NUL-terminated path and integer arguments only.
-        #[allow(unsafe_code)]
-        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFBLK | 0o600, rdev as libc::dev_t) };
-        assert_eq!(r, 0, "mknod: {}", io::Error::last_os_error());
     }
 
     /// Within this process a block device is one lock and one claim through any node of it (module
@@ -1377,12 +1328,11 @@ mod tests {
     /// node, and goes with the last. Needs root (a loop device, mount, mknod); elsewhere skipped.
     #[test]
     fn a_block_device_is_one_claim_through_any_node_of_it() {
-        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::Builder::new().prefix("rein-storage-nodes-").tempdir().unwrap();
-        let Some(fs) = LoopFs::make(dir.path()) else { return };
-        let dev = Path::new(&fs.dev);
+        let Some(fs) = loop_fs(dir.path()) else { return };
+        let dev = Path::new(fs.dev());
         let other = dir.path().join("other");
-        node(&other, std::fs::metadata(dev).unwrap().rdev());
+        fs.loop_dev().node(&other);
         let first = FileStorage::open(dev, None, false).expect("the device");
         let second = FileStorage::open(&other, None, false).expect("the device again, through another node");
         let ro = FileStorage::open(&other, None, true).expect("read-only, through the other node");
@@ -1404,19 +1354,19 @@ mod tests {
     #[test]
     fn the_backing_file_of_a_loop_device_is_not_written() {
         let dir = tempfile::Builder::new().prefix("rein-storage-loop-").tempdir().unwrap();
-        let Some(fs) = LoopFs::make(dir.path()) else { return };
+        let Some(fs) = loop_fs(dir.path()) else { return };
         let img = dir.path().join("dev.img");
-        assert!(fs.mount(), "mount {}", fs.dev);
+        assert!(fs.mount(), "mount {}", fs.dev());
         let e = FileStorage::open(&img, None, false).err().expect("the image under a mounted loop device");
-        assert!(matches!(&e, StorageError::LoopBacking(d) if *d == fs.dev), "{e}");
+        assert!(matches!(&e, StorageError::LoopBacking(d) if d == fs.dev()), "{e}");
         let e = FileStorage::inspect(&img, None, false).expect_err("--check-config's inspection");
-        assert!(matches!(&e, StorageError::LoopBacking(d) if *d == fs.dev), "{e}");
+        assert!(matches!(&e, StorageError::LoopBacking(d) if d == fs.dev()), "{e}");
         assert!(FileStorage::inspect(&img, None, true).is_ok());
         fs.umount();
         let e = FileStorage::open(&img, None, false).err().expect("the image of an attached loop device");
-        assert!(e.to_string().starts_with(&format!("is the backing file of loop device {}", fs.dev)), "{e}");
+        assert!(e.to_string().starts_with(&format!("is the backing file of loop device {}", fs.dev())), "{e}");
         assert!(FileStorage::open(&img, None, true).is_ok(), "read-only beside the loop device");
-        drop(fs);
+        fs.detach_keeping_image();
         assert!(FileStorage::open(&img, None, false).is_ok(), "served once the device is detached");
     }
 

@@ -4,6 +4,7 @@ use rein_proto::nbd::Command;
 use rein_runtime::client::NbdClient;
 use rein_runtime::config::ServerConfig;
 use rein_runtime::server::{run_with, Bound, Reload};
+use rein_testkit::LoopDev;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -297,65 +298,24 @@ async fn a_memory_export_made_read_only_then_writable_keeps_its_data() {
     running.stop().await;
 }
 
-/// A loop device over a 4 MiB file in `dir`, detached when dropped; [`LoopNodes::node`] makes other nodes
-/// of it (as a container's /dev has its own). `None`, said, where it cannot be made (needs root).
-struct LoopNodes {
-    dev: String,
-    rdev: (u32, u32),
+/// A loop device over a new 4 MiB file `dir/back.img`, detached and the file removed when dropped;
+/// [`LoopDev::node`] makes other nodes of it (as a container's /dev has its own). `None`, said, where it
+/// cannot be made (needs root).
+fn loop_nodes(dir: &Path) -> Option<LoopDev> {
+    LoopDev::over_new_file(&dir.join("back.img"), 4 << 20, &[])
 }
 
-impl LoopNodes {
-    fn make(dir: &Path) -> Option<LoopNodes> {
-        use std::os::unix::fs::MetadataExt;
-        use std::process::Command;
-        let img = dir.join("back.img");
-        std::fs::write(&img, vec![0u8; 4 << 20]).unwrap();
-        let out = Command::new("losetup").args(["-f", "--show"]).arg(&img).output().ok()?;
-        if !out.status.success() {
-            eprintln!("skipped: no loop device can be attached here (needs root)");
-            return None;
+/// Waits (bounded) until another claimer of `lo` is let in ([`LoopDev::claimed`]): the server stopped,
+/// its storage is closed once its last connection's task has ended, and a child that another test of
+/// this process is starting holds a copy of every descriptor from its fork to its exec.
+async fn until_released(lo: &LoopDev) {
+    for _ in 0..500 {
+        if !lo.claimed() {
+            return;
         }
-        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let rdev = std::fs::metadata(&dev).unwrap().rdev();
-        Some(LoopNodes { dev, rdev: (libc::major(rdev), libc::minor(rdev)) })
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-
-    /// Another node of the device at `path`.
-    fn node(&self, path: &Path) {
-        let (major, minor) = self.rdev;
-        let st = std::process::Command::new("mknod")
-            .arg(path)
-            .args(["b", &major.to_string(), &minor.to_string()])
-            .status()
-            .unwrap();
-        assert!(st.success(), "mknod {}", path.display());
-    }
-
-    /// Waits (bounded) until another claimer is let in: the server stopped, its storage is closed once
-    /// its last connection's task has ended, and a child that another test of this process is starting
-    /// holds a copy of every descriptor from its fork to its exec.
-    async fn until_released(&self) {
-        for _ in 0..500 {
-            if !self.claimed() {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!("{} is still claimed", self.dev);
-    }
-
-    /// Whether another claimer (an `O_EXCL` open, as `mount` or another server takes) is refused now.
-    fn claimed(&self) -> bool {
-        use std::os::unix::fs::OpenOptionsExt;
-        let open = std::fs::File::options().read(true).custom_flags(libc::O_EXCL).open(&self.dev);
-        matches!(open, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
-    }
-}
-
-impl Drop for LoopNodes {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("losetup").args(["-d", &self.dev]).status();
-    }
+    panic!("{} is still claimed", lo.dev());
 }
 
 /// Waits (bounded) until export `name` opens.
@@ -381,7 +341,7 @@ async fn until_served(nbd: SocketAddr, name: &str) -> Arc<NbdClient> {
 async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let Some(lo) = LoopNodes::make(&dir) else { return };
+    let Some(lo) = loop_nodes(&dir) else { return };
     lo.node(&dir.join("node"));
     // `mark`: a memory export each reload adds, there once the reload is applied (one change). One
     // tenant for all, so that a renamed export's connections keep theirs.
@@ -396,7 +356,7 @@ async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
         );
         server_at(101, &dir, &body)
     };
-    let running = Running::start(file("d", &lo.dev, "")).await;
+    let running = Running::start(file("d", lo.dev(), "")).await;
     let (b, next, tx) = (running.b, running.next.clone(), running.reload.clone());
     let old = NbdClient::connect(b.nbd, "d").await.unwrap();
     old.request(Command::Write, 0, 4, b"old!", false).await.unwrap();
@@ -410,7 +370,7 @@ async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
     old.request(Command::Write, 8192, 4, b"late", false).await.expect("the old connection still writes");
     old.disconnect().await;
     // Renamed, back on the first node, while `new` holds d.
-    *next.lock().unwrap() = file("e", &lo.dev, "mark2");
+    *next.lock().unwrap() = file("e", lo.dev(), "mark2");
     tx.send(()).await.unwrap();
     until_served(b.nbd, "mark2").await;
     let renamed = NbdClient::connect(b.nbd, "e").await.unwrap();
@@ -422,7 +382,7 @@ async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
     assert!(lo.claimed(), "the device is claimed while the renamed export is served");
     renamed.disconnect().await;
     running.stop().await;
-    lo.until_released().await;
+    until_released(&lo).await;
 }
 
 /// An export added through the admin API on the block device of a deleted export whose connection is
@@ -435,7 +395,7 @@ async fn a_reload_to_another_node_of_a_served_device_keeps_its_claim() {
 async fn an_export_added_on_the_device_of_a_deleted_one_still_open_names_it() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let Some(lo) = LoopNodes::make(&dir) else { return };
+    let Some(lo) = loop_nodes(&dir) else { return };
     lo.node(&dir.join("n1"));
     lo.node(&dir.join("n2"));
     let body = "[[exports]]\nname = \"a\"\npath = \"n1\"\n[[tenants]]\nname = \"other\"\n";
@@ -444,7 +404,7 @@ async fn an_export_added_on_the_device_of_a_deleted_one_still_open_names_it() {
     let c = NbdClient::connect(b.nbd, "a").await.unwrap();
     c.request(Command::Write, 0, 4, b"mine", false).await.unwrap();
     assert_eq!(http(b.admin, "DELETE", "/api/exports/a", "").await.0, 204);
-    let (major, minor) = lo.rdev;
+    let (major, minor) = lo.number();
     for path in ["n1", "n2"] {
         let body = format!(r#"{{"name": "b", "path": "{path}", "tenant": "other"}}"#);
         let (code, said) = http(b.admin, "POST", "/api/exports", &body).await;
@@ -465,5 +425,5 @@ async fn an_export_added_on_the_device_of_a_deleted_one_still_open_names_it() {
     n.disconnect().await;
     c.disconnect().await;
     running.stop().await;
-    lo.until_released().await;
+    until_released(&lo).await;
 }

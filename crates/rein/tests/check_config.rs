@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{config_file, tmpdir, write_file, Rein, MEMORY};
+use common::{config_file, tmpdir, write_file, LoopDev, LoopFs, Rein, MEMORY};
 use std::io::BufRead;
 use std::path::Path;
 use std::process::Command;
@@ -305,41 +305,10 @@ fn a_fifo_without_a_writer_is_refused_and_a_pipe_is_read() {
     assert!(stdout.contains("configuration OK"), "{stdout}");
 }
 
-/// A loop device over `dir/dev.img` with an ext4 on it, mounted at `dir/mnt` while `mounted`; unmounted
-/// and detached when dropped. `None`, said, where it cannot be made (needs root, loop devices, ext4).
-struct LoopFs {
-    dev: String,
-    img: std::path::PathBuf,
-    mnt: std::path::PathBuf,
-    /// Dropped (detached) after the unmount.
-    _lo: common::LoopDev,
-}
-
-impl LoopFs {
-    fn make(dir: &Path) -> Option<LoopFs> {
-        let img = dir.join("dev.img");
-        std::fs::File::create(&img).and_then(|f| f.set_len(16 << 20)).ok()?;
-        let lo = common::LoopDev::attach(&img, &[])?;
-        let fs = LoopFs { dev: lo.0.clone(), img, mnt: dir.join("mnt"), _lo: lo };
-        std::fs::create_dir(&fs.mnt).ok()?;
-        if !Command::new("mkfs.ext4").args(["-q", "-F", &fs.dev]).status().is_ok_and(|s| s.success()) {
-            eprintln!("skipped: mkfs.ext4 failed");
-            return None;
-        }
-        Some(fs)
-    }
-    fn mount(&self) -> bool {
-        Command::new("mount").arg(&self.dev).arg(&self.mnt).status().is_ok_and(|s| s.success())
-    }
-    fn umount(&self) {
-        let _ = Command::new("umount").arg(&self.mnt).stderr(std::process::Stdio::null()).status();
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        self.umount();
-    }
+/// An ext4 of 16 MiB on a loop device over `dir/dev.img`, mount point `dir/mnt`; unmounted, detached and
+/// removed when dropped. `None`, said, where it cannot be made (needs root, loop devices, ext4).
+fn loop_fs(dir: &Path) -> Option<LoopFs> {
+    LoopFs::make(&dir.join("dev.img"), 16 << 20, "mkfs.ext4", &dir.join("mnt"))
 }
 
 /// What a start refuses for a writable export that the system holds, `--check-config` refuses too, with
@@ -353,16 +322,16 @@ impl Drop for LoopFs {
 fn rein_serve_check_config_refuses_a_device_in_use_and_a_loop_backing_file() {
     let tmp = tmpdir("check-busy");
     let dir = tmp.path();
-    let Some(fs) = LoopFs::make(dir) else { return };
-    assert!(fs.mount(), "mount {}", fs.dev);
+    let Some(fs) = loop_fs(dir) else { return };
+    assert!(fs.mount(), "mount {}", fs.dev());
     let export = |name: &str, path: &str, read_only: bool| {
         let body = format!("[[exports]]\nname = \"{name}\"\npath = \"{path}\"\nread_only = {read_only}\n");
         config_file(dir, 100, &body).to_str().unwrap().to_string()
     };
-    let img = fs.img.to_str().unwrap();
+    let img = fs.img().to_str().unwrap();
     let (ok, out, err) = check(&["serve", "--config", &export("i", img, false)]);
     assert!(!ok && out.is_empty(), "the backing file of a loop device, writable: {out}");
-    let want = format!("export i: {img}: is the backing file of loop device {} (losetup -a lists it)", fs.dev);
+    let want = format!("export i: {img}: is the backing file of loop device {} (losetup -a lists it)", fs.dev());
     assert!(err.starts_with(&format!("error: {want}")) && err.trim().lines().count() == 1, "{err}");
     let (ok, out, err) = check(&["serve", "--config", &export("i", img, true)]);
     assert!(ok && out.contains(&format!("export i: {img} (16 MiB, read-only)")), "{out}{err}");
@@ -371,23 +340,23 @@ fn rein_serve_check_config_refuses_a_device_in_use_and_a_loop_backing_file() {
     // possible cause: `in use by the system (mounted, swap, ...)`).
     let want = format!(
         "export d: {}: is a block device in use: it is mounted at {}. The kernel refused an exclusive open (EBUSY)",
-        fs.dev,
-        fs.mnt.display()
+        fs.dev(),
+        fs.mnt().display()
     );
-    refused_by_check_and_start(&export("d", &fs.dev, false), &want);
-    let (ok, out, err) = check(&["serve", "--config", &export("d", &fs.dev, true)]);
-    assert!(ok && out.contains(&format!("export d: {} (16 MiB, read-only)", fs.dev)), "{out}{err}");
+    refused_by_check_and_start(&export("d", fs.dev(), false), &want);
+    let (ok, out, err) = check(&["serve", "--config", &export("d", fs.dev(), true)]);
+    assert!(ok && out.contains(&format!("export d: {} (16 MiB, read-only)", fs.dev())), "{out}{err}");
 
     fs.umount();
-    let cfg = export("d", &fs.dev, false);
+    let cfg = export("d", fs.dev(), false);
     let (ok, out, err) = check(&["serve", "--config", &cfg]);
-    assert!(ok && out.contains(&format!("export d: {} (16 MiB)", fs.dev)), "unmounted: {out}{err}");
+    assert!(ok && out.contains(&format!("export d: {} (16 MiB)", fs.dev())), "unmounted: {out}{err}");
     assert!(fs.mount(), "the check's exclusive open is closed at once");
     fs.umount();
     let server = common::Rein::serve(Path::new(&cfg)).start();
     let (ok, out, err) = check(&["serve", "--config", &cfg]);
     assert!(ok, "beside the rein serve that serves it: {err}");
-    assert!(out.contains(&format!("export d: {} (16 MiB; claimed by the running rein serve", fs.dev)), "{out}");
+    assert!(out.contains(&format!("export d: {} (16 MiB; claimed by the running rein serve", fs.dev())), "{out}");
     server.stop();
     drop(fs);
 }
@@ -407,8 +376,7 @@ fn check_config_as_another_user_says_it_cannot_see_the_servers_claim() {
     let dir = tmp.path();
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let img = dir.join("dev.img");
-    std::fs::File::create(&img).unwrap().set_len(4 << 20).unwrap();
-    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
+    let Some(lo) = LoopDev::over_new_file(&img, 4 << 20, &[]) else { return };
     // A node the other user may open, as a user of the `disk` group may open /dev/sdX.
     let node = dir.join("node");
     lo.node(&node);
@@ -435,7 +403,7 @@ fn check_config_as_another_user_says_it_cannot_see_the_servers_claim() {
     let want = format!(
         "error: export d: {node}: is a block device in use: no mount, swap, RAID or device-mapper device holds it, \
          so a process opened it exclusively (fuser -v {dev} or lsof {dev} lists those that have it open;",
-        dev = lo.0
+        dev = lo.dev()
     );
     assert!(err.starts_with(&want) && err.trim().lines().count() == 1, "{err}");
     assert!(
@@ -461,9 +429,8 @@ fn two_exports_on_one_block_device_through_two_nodes_are_refused() {
     let tmp = tmpdir("check-two-nodes");
     let dir = tmp.path();
     let img = dir.join("dev.img");
-    std::fs::File::create(&img).unwrap().set_len(4 << 20).unwrap();
-    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
-    let dev = lo.0.clone();
+    let Some(lo) = LoopDev::over_new_file(&img, 4 << 20, &[]) else { return };
+    let dev = lo.dev().to_string();
     let rdev = std::fs::metadata(&dev).unwrap().rdev();
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
     let node = dir.join("node");
@@ -537,15 +504,14 @@ fn a_device_in_use_as_swap_is_refused_naming_swap() {
     let tmp = tmpdir("check-swap");
     let dir = tmp.path();
     let img = dir.join("swap.img");
-    std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
-    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
-    let Some(_swap) = Swap::on(&lo.0) else { return };
+    let Some(lo) = LoopDev::over_new_file(&img, 16 << 20, &[]) else { return };
+    let Some(_swap) = Swap::on(lo.dev()) else { return };
     let want = format!(
         "export s: {}: is a block device in use: it is swap (/proc/swaps lists it). The kernel refused an exclusive \
          open (EBUSY)",
-        lo.0
+        lo.dev()
     );
-    refused_by_check_and_start(&device_export(dir, "s", &lo.0), &want);
+    refused_by_check_and_start(&device_export(dir, "s", lo.dev()), &want);
 }
 
 /// A block device that a process claimed (an exclusive open, as a mkfs or a virtual machine takes) is
@@ -558,13 +524,12 @@ fn a_device_claimed_by_a_process_is_refused_naming_the_process() {
     let tmp = tmpdir("check-claim");
     let dir = tmp.path();
     let img = dir.join("claimed.img");
-    std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
-    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
-    let claim = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(&lo.0).expect("claimed");
-    let cfg = device_export(dir, "c", &lo.0);
+    let Some(lo) = LoopDev::over_new_file(&img, 16 << 20, &[]) else { return };
+    let claim = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_EXCL).open(lo.dev()).expect("claimed");
+    let cfg = device_export(dir, "c", lo.dev());
     let want = format!(
         "export c: {}: is a block device in use: no mount, swap, RAID or device-mapper device holds it; open in ",
-        lo.0
+        lo.dev()
     );
     // This test's process among those named (the others are what the machine runs beside it: another
     // test's losetup that looks at every loop device, say); not the rein that asks.
@@ -594,8 +559,8 @@ fn a_disk_whose_partition_is_mounted_is_refused_naming_the_partition() {
         eprintln!("skipped: sfdisk cannot write a partition table here");
         return;
     }
-    let Some(lo) = common::LoopDev::attach(&img, &["-P"]) else { return };
-    let part = format!("{}p1", lo.0);
+    let Some(lo) = LoopDev::attach(&img, &["-P"]) else { return };
+    let part = format!("{}p1", lo.dev());
     let _ = Command::new("udevadm").arg("settle").status();
     if !Path::new(&part).exists() {
         eprintln!("skipped: no partition node {part} (this kernel reads no partition table of a loop device)");
@@ -610,10 +575,10 @@ fn a_disk_whose_partition_is_mounted_is_refused_naming_the_partition() {
     let Some(_mount) = Mount::at(&part, &mnt) else { return };
     let want = format!(
         "export p: {}: is a block device in use: its partition {part} is mounted at {}. The kernel refused",
-        lo.0,
+        lo.dev(),
         mnt.display()
     );
-    refused_by_check_and_start(&device_export(dir, "p", &lo.0), &want);
+    refused_by_check_and_start(&device_export(dir, "p", lo.dev()), &want);
 }
 
 /// A shell in a mount namespace of its own (`unshare -m --propagation private`) that mounted a device
@@ -659,19 +624,19 @@ impl Drop for NamespaceMount {
 fn a_device_mounted_in_another_mount_namespace_is_refused_naming_that_mount() {
     let tmp = tmpdir("check-mntns");
     let dir = tmp.path();
-    let Some(fs) = LoopFs::make(dir) else { return };
-    let Some(ns) = NamespaceMount::at(&fs.dev, &fs.mnt) else { return };
+    let Some(fs) = loop_fs(dir) else { return };
+    let Some(ns) = NamespaceMount::at(fs.dev(), fs.mnt()) else { return };
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mountinfo.contains(&format!(" {} ", fs.mnt.display())), "not mounted in this namespace");
+    assert!(!mountinfo.contains(&format!(" {} ", fs.mnt().display())), "not mounted in this namespace");
     // The shell exec'ed sleep: one process, the namespace's only one.
     let want = format!(
         "export n: {}: is a block device in use: it is mounted at {} in the mount namespace of pid {} (sleep). The \
          kernel refused an exclusive open (EBUSY)",
-        fs.dev,
-        fs.mnt.display(),
+        fs.dev(),
+        fs.mnt().display(),
         ns.0.id()
     );
-    let body = format!("[[exports]]\nname = \"n\"\npath = \"{}\"\n", fs.dev);
+    let body = format!("[[exports]]\nname = \"n\"\npath = \"{}\"\n", fs.dev());
     let cfg = config_file(dir, 184, &body);
     refused_by_check_and_start(cfg.to_str().unwrap(), &want);
     drop(ns);
@@ -775,16 +740,15 @@ fn a_physical_volume_is_refused_naming_its_logical_volume_which_is_served() {
     let tmp = tmpdir("check-lvm");
     let dir = tmp.path();
     let img = dir.join("pv.img");
-    std::fs::File::create(&img).unwrap().set_len(32 << 20).unwrap();
-    let Some(lo) = common::LoopDev::attach(&img, &[]) else { return };
-    let Some(lvm) = Lvm::make(&lo.0, &format!("reinlvmtest{}", std::process::id())) else { return };
+    let Some(lo) = LoopDev::over_new_file(&img, 32 << 20, &[]) else { return };
+    let Some(lvm) = Lvm::make(lo.dev(), &format!("reinlvmtest{}", std::process::id())) else { return };
     let name = lvm.dm_name();
     let want = format!(
         "export pv: {}: is a block device in use: it is under the active LVM logical volume {name} \
          (/dev/mapper/{name}, dm-",
-        lo.0
+        lo.dev()
     );
-    refused_by_check_and_start(&device_export(dir, "pv", &lo.0), &want);
+    refused_by_check_and_start(&device_export(dir, "pv", lo.dev()), &want);
 
     let volume = format!("/dev/mapper/{name}");
     let cfg = device_export(dir, "lv", &volume);

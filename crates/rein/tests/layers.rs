@@ -1,5 +1,6 @@
 //! The workspace's module structure: no module import cycle in any crate, and rein-sim's layers import
-//! only downwards (file -> model -> engine -> report -> check).
+//! only downwards (file -> model -> engine -> report -> check); and between crates, the test-support
+//! crates ([`TEST_SUPPORT`]) are dev-dependencies only and depend on no crate of the workspace.
 //!
 //! How it is checked: every crate's module tree is read from its sources (`mod x;` declarations, files
 //! `x.rs` or `x/mod.rs`, inline `mod x { .. }` blocks), and every path a module's code names is resolved
@@ -443,4 +444,88 @@ fn a_cycle_is_caught() {
         m(&["b"], "use crate::a::X;"),
     ];
     assert!(cycles(&mods).0.is_empty());
+}
+
+/// The test-support crates, each with why it is one: crates of test helpers shared by several crates'
+/// tests, `publish = false`, depended on only as dev-dependencies. A crate with `publish = false` must be
+/// listed here (and a listed one must have it).
+const TEST_SUPPORT: [(&str, &str); 2] = [
+    (
+        "rein-test-pki",
+        "test certificates, keys and CRLs (the openssl command), for rein-runtime's and rein's TLS tests",
+    ),
+    (
+        "rein-testkit",
+        "loop devices and file systems on them (losetup, mkfs, mount, as root), released when dropped, for \
+         rein-runtime's and rein's tests",
+    ),
+];
+
+/// The names of the crates a manifest depends on in its `kind` tables (`dependencies`,
+/// `build-dependencies`, `dev-dependencies`), also per target (`[target.'cfg(..)'.dependencies]`); a
+/// renamed dependency by its `package`.
+fn dependencies(manifest: &toml::Table, kind: &str) -> BTreeSet<String> {
+    let targets = manifest.get("target").and_then(|t| t.as_table()).into_iter().flat_map(|t| t.values());
+    let tables = std::iter::once(manifest.get(kind)).chain(targets.map(|t| t.get(kind)));
+    let mut names = BTreeSet::new();
+    for table in tables.flatten().filter_map(|t| t.as_table()) {
+        for (key, spec) in table {
+            let package = spec.get("package").and_then(|p| p.as_str()).unwrap_or(key);
+            names.insert(package.to_string());
+        }
+    }
+    names
+}
+
+/// Every crate's manifest under crates/: (package name, manifest).
+fn manifests() -> Vec<(String, toml::Table)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(workspace().join("crates")).unwrap() {
+        let path = e.unwrap().path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let manifest: toml::Table = text.parse().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let name = manifest["package"]["name"].as_str().unwrap().to_string();
+        out.push((name, manifest));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The test-support crates ([`TEST_SUPPORT`]) are dev-dependencies only: no crate's normal or build
+/// dependencies name one (that would build test helpers, which run commands as root, into what ships),
+/// each is some crate's dev-dependency, and they depend on no crate of the workspace, so they sit below
+/// every crate and a crate's tests using one close no cycle back to it.
+#[test]
+fn test_support_crates_are_dev_dependencies_only() {
+    let manifests = manifests();
+    let workspace_crates: BTreeSet<&str> = manifests.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(workspace_crates.len() >= 6, "found the workspace's crates: {workspace_crates:?}");
+    let listed: BTreeSet<&str> = TEST_SUPPORT.iter().map(|(name, _)| *name).collect();
+    let unpublished: BTreeSet<&str> = manifests
+        .iter()
+        .filter(|(_, m)| m["package"].get("publish").and_then(|p| p.as_bool()) == Some(false))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(unpublished, listed, "the crates with publish = false are the test-support crates listed");
+    let mut bad = Vec::new();
+    for (name, manifest) in &manifests {
+        for kind in ["dependencies", "build-dependencies"] {
+            for dep in dependencies(manifest, kind).intersection(&listed.iter().map(|s| s.to_string()).collect()) {
+                bad.push(format!("{name} has test-support crate {dep} in its {kind}"));
+            }
+        }
+        if listed.contains(name.as_str()) {
+            for dep in dependencies(manifest, "dependencies") {
+                if workspace_crates.contains(dep.as_str()) {
+                    bad.push(format!("test-support crate {name} depends on workspace crate {dep}"));
+                }
+            }
+        }
+    }
+    for support in &listed {
+        if !manifests.iter().any(|(_, m)| dependencies(m, "dev-dependencies").contains(*support)) {
+            bad.push(format!("test-support crate {support} is no crate's dev-dependency"));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

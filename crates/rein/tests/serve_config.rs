@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{config_file, run_ok_with_stderr, tmpdir, tool, LoopDev, Rein, Server};
+use common::{config_file, run_ok_with_stderr, tmpdir, tool, LoopDev, LoopFs, Rein, Server};
 use rein_proto::nbd::{self as p, Command, ReplyHeader, RequestHeader};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -296,9 +296,8 @@ fn a_block_device_is_served_at_its_size() {
     let tmp = tmpdir("serve-blockdev");
     let dir = tmp.path();
     let back = dir.join("back.img");
-    std::fs::write(&back, vec![0u8; 8 << 20]).unwrap();
-    let Some(lo) = LoopDev::attach(&back, &[]) else { return };
-    let dev = &lo.0;
+    let Some(lo) = LoopDev::over_new_file(&back, 8 << 20, &[]) else { return };
+    let dev = lo.dev();
     let s = start(dir, 51, &format!("[[exports]]\nname = \"blk\"\npath = \"{dev}\"\n"));
     let info = run_ok_with_stderr(tool("nbdinfo").arg(format!("nbd://{}/blk", s.nbd)));
     assert!(info.contains("export-size: 8388608"), "{info}");
@@ -312,81 +311,34 @@ fn a_block_device_is_served_at_its_size() {
 }
 
 /// A small file system to fill: a 24 MiB ext4 on a loop device over `dir/fs.img`, mounted at `dir/mnt`
-/// (`mnt`), unmounted when dropped (drop what lies on it first). `None`, said, where it cannot be made
-/// (it needs root).
+/// (`mnt`); unmounted (tried again while busy), detached and removed when dropped (drop what lies on it
+/// first). `None`, said, where it cannot be made (it needs root).
 struct SmallFs {
     mnt: String,
+    _fs: LoopFs,
 }
 
 impl SmallFs {
     fn make(dir: &Path) -> Option<SmallFs> {
-        let (fs, mnt) = (dir.join("fs.img"), dir.join("mnt"));
-        std::fs::write(&fs, vec![0u8; 24 << 20]).unwrap();
-        std::fs::create_dir(&mnt).unwrap();
-        let (fs, mnt) = (fs.to_str().unwrap().to_string(), mnt.to_str().unwrap().to_string());
-        setup(&[&["mkfs.ext4", "-q", "-F", &fs], &["mount", "-o", "loop", &fs, &mnt]])?;
-        Some(SmallFs { mnt })
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        umount(&self.mnt);
-    }
-}
-
-/// Unmounts `mnt`, trying again for up to 10 s while it is busy: a loop device over a file on it (an
-/// [`Ext2Over`]'s), just detached, lets its backing file go only once its last opener has closed it (udev's
-/// probe after the inner unmount), and an unmount meanwhile fails with EBUSY. Once, CI's run left the
-/// outer file system mounted so, and its temporary directory could not be removed.
-fn umount(mnt: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !Cmd::new("umount").arg(mnt).output().is_ok_and(|o| o.status.success())
-        && std::fs::read_to_string("/proc/self/mountinfo")
-            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(mnt)))
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(50));
+        let fs = LoopFs::make_mounted(&dir.join("fs.img"), 24 << 20, "mkfs.ext4", &dir.join("mnt"))?;
+        Some(SmallFs { mnt: fs.mnt().to_str().unwrap().to_string(), _fs: fs })
     }
 }
 
 /// A thin-provisioned device's stand-in: an ext2 on a loop device over a sparse 32 MiB file on `outer`,
 /// mounted at `dir/inner` (`inner`); once `outer` is filled, its writeback fails. Unmounted, then
-/// detached, when dropped. `None`, said, where it cannot be made.
+/// detached and its file removed, when dropped. `None`, said, where it cannot be made.
 struct Ext2Over {
     inner: String,
-    _lo: LoopDev,
+    _fs: LoopFs,
 }
 
 impl Ext2Over {
     fn make(outer: &SmallFs, dir: &Path) -> Option<Ext2Over> {
-        let inner = dir.join("inner");
-        std::fs::create_dir(&inner).unwrap();
-        let inner = inner.to_str().unwrap().to_string();
-        let back = format!("{}/back.img", outer.mnt);
-        let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
-        let lo = LoopDev::attach(Path::new(&back), &[])?;
-        setup(&[&["mkfs.ext2", "-q", "-F", &lo.0], &["mount", &lo.0, &inner]])?;
-        Some(Ext2Over { inner, _lo: lo })
+        let back = Path::new(&outer.mnt).join("back.img");
+        let fs = LoopFs::make_mounted(&back, 32 << 20, "mkfs.ext2", &dir.join("inner"))?;
+        Some(Ext2Over { inner: fs.mnt().to_str().unwrap().to_string(), _fs: fs })
     }
-}
-
-impl Drop for Ext2Over {
-    fn drop(&mut self) {
-        umount(&self.inner);
-    }
-}
-
-/// Commands run for a test's setup as root; `None` (the caller skips) where one fails.
-fn setup(cmds: &[&[&str]]) -> Option<()> {
-    for c in cmds {
-        let ok = Cmd::new(c[0]).args(&c[1..]).output().is_ok_and(|o| o.status.success());
-        if !ok {
-            eprintln!("skipped: {} failed (needs root, loop devices and ext4)", c.join(" "));
-            return None;
-        }
-    }
-    Some(())
 }
 
 /// `direct = true` on a device of 8 KiB logical blocks (a loop device with that sector size) is refused
@@ -397,9 +349,8 @@ fn direct_io_on_a_device_of_larger_blocks_is_refused() {
     let tmp = tmpdir("serve-direct-blocks");
     let dir = tmp.path();
     let back = dir.join("back.img");
-    std::fs::write(&back, vec![0u8; 16 << 20]).unwrap();
-    let Some(lo) = LoopDev::attach(&back, &["--sector-size", "8192"]) else { return };
-    let dev = &lo.0;
+    let Some(lo) = LoopDev::over_new_file(&back, 16 << 20, &["--sector-size", "8192"]) else { return };
+    let dev = lo.dev();
     let err = start_fails(dir, 225, &format!("[[exports]]\nname = \"b\"\npath = \"{dev}\"\ndirect = true\n"));
     assert!(error_line(&err).contains("has 8192-byte logical blocks, above the 4096 bytes direct IO"), "{err}");
 }
@@ -419,10 +370,9 @@ fn a_flush_after_a_failed_one_fails_too() {
     let mnt = &small.mnt;
     // A sparse 32 MiB file on a file system left with no free block.
     let back = format!("{mnt}/back.img");
-    let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
     let fill = format!("{mnt}/fill");
-    let Some(lo) = LoopDev::attach(Path::new(&back), &[]) else { return };
-    let dev = &lo.0;
+    let Some(lo) = LoopDev::over_new_file(Path::new(&back), 32 << 20, &[]) else { return };
+    let dev = lo.dev();
     for (engine, host) in [("uring", 223u8), ("threads", 224)] {
         let _ = Cmd::new("dd").args(["if=/dev/zero", &format!("of={fill}"), "bs=1M"]).output();
         let _ = Cmd::new("sync").status();
@@ -550,8 +500,7 @@ fn a_sync_beside_a_failing_one_fails_too() {
     let mut devices = Vec::new();
     for i in 0..8 {
         let back = format!("{mnt}/back{i}.img");
-        let _ = Cmd::new("truncate").args(["-s", "32M", &back]).status();
-        let Some(lo) = LoopDev::attach(Path::new(&back), &[]) else { return };
+        let Some(lo) = LoopDev::over_new_file(Path::new(&back), 32 << 20, &[]) else { return };
         devices.push(lo);
     }
     let _ = Cmd::new("sync").status();
@@ -560,7 +509,7 @@ fn a_sync_beside_a_failing_one_fails_too() {
     let exports: String = devices
         .iter()
         .enumerate()
-        .map(|(i, lo)| format!("[[exports]]\nname = \"e{i}\"\npath = \"{}\"\n", lo.0))
+        .map(|(i, lo)| format!("[[exports]]\nname = \"e{i}\"\npath = \"{}\"\n", lo.dev()))
         .collect();
     for (engine, host) in [("uring", 212u8), ("uring", 212), ("uring", 212), ("threads", 213)] {
         let config = format!("io_engine = \"{engine}\"\n{exports}");
@@ -640,14 +589,13 @@ fn a_reload_opens_a_resized_block_device_again() {
     let tmp = tmpdir("serve-resized-dev");
     let dir = tmp.path();
     let back = dir.join("back.img");
-    std::fs::write(&back, vec![0u8; 4 << 20]).unwrap();
-    let Some(lo) = LoopDev::attach(&back, &[]) else { return };
-    let config = format!("[[exports]]\nname = \"v\"\npath = \"{}\"\n", lo.0);
+    let Some(lo) = LoopDev::over_new_file(&back, 4 << 20, &[]) else { return };
+    let config = format!("[[exports]]\nname = \"v\"\npath = \"{}\"\n", lo.dev());
     let s = Rein::serve(&config_file(dir, 215, &config)).env("REIN_LOG", "info").start();
     let open = |what: &str| common::nbd_open(s.nbd, "v", false, Duration::from_secs(20)).expect(what);
     assert_eq!(open("before").size, 4 << 20);
     std::fs::File::options().write(true).open(&back).unwrap().set_len(8 << 20).unwrap();
-    assert!(Cmd::new("losetup").args(["-c", &lo.0]).status().unwrap().success());
+    assert!(Cmd::new("losetup").args(["-c", lo.dev()]).status().unwrap().success());
     s.signal("-HUP");
     s.wait_line("export v opened again: its image is now 8388608 bytes, was 4194304");
     assert_eq!(open("after").size, 8 << 20, "a new connection sees the device's size");
@@ -665,12 +613,11 @@ fn a_reload_to_another_node_of_a_served_device_is_applied() {
     let tmp = tmpdir("serve-dev-node");
     let dir = tmp.path();
     let back = dir.join("back.img");
-    std::fs::write(&back, vec![0u8; 4 << 20]).unwrap();
-    let Some(lo) = LoopDev::attach(&back, &[]) else { return };
+    let Some(lo) = LoopDev::over_new_file(&back, 4 << 20, &[]) else { return };
     let node = dir.join("node");
     lo.node(&node);
     let config = |path: &str| config_file(dir, 110, &format!("[[exports]]\nname = \"v\"\npath = \"{path}\"\n"));
-    let s = Rein::serve(&config(&lo.0)).env("REIN_LOG", "info").start();
+    let s = Rein::serve(&config(lo.dev())).env("REIN_LOG", "info").start();
     let mut old = common::Raw::connect(s.nbd, "v");
     config(&node.display().to_string());
     s.signal("-HUP");

@@ -2,11 +2,14 @@
 //! processes: each daemon on its own 127.0.0.x address (port 0, chosen by the OS) in a temporary directory
 //! ([`serve`], or [`serve_in`] and [`gateway_in`] for a daemon in a directory of its own beside others),
 //! killed when its [`Server`] is dropped. Each test binary uses a part of it (hence `dead_code`); the openssl certificate
-//! helpers are [`tls`], the rein-test-pki crate (which rein-runtime's unit tests use too).
+//! helpers are [`tls`], the rein-test-pki crate (which rein-runtime's unit tests use too), and the loop
+//! devices and file systems on them ([`LoopDev`], [`LoopFs`]) are the rein-testkit crate's (likewise).
 #![allow(dead_code)]
 
 #[allow(unused_imports)] // as `dead_code` above: not every test binary makes certificates
 pub(crate) use rein_test_pki as tls;
+#[allow(unused_imports)] // as `dead_code` above: not every test binary makes loop devices
+pub(crate) use rein_testkit::{LoopDev, LoopFs};
 
 use rein_proto::nbd::{ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -752,35 +755,4 @@ pub(crate) fn fifo_in_place_of(path: &Path) -> std::fs::File {
     assert!(ok, "mkfifo {}", path.display());
     // Read and write: Linux opens a FIFO so without waiting for the other end, and it counts as a writer.
     std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open the FIFO")
-}
-
-/// A loop device over a file (its path in `.0`), detached when dropped.
-pub(crate) struct LoopDev(pub(crate) String);
-
-impl LoopDev {
-    /// Attaches `file` (`losetup -f --show`, `args` before the file); `None`, said, where none can be
-    /// attached (it needs root).
-    pub(crate) fn attach(file: &Path, args: &[&str]) -> Option<LoopDev> {
-        let out = Cmd::new("losetup").args(["-f", "--show"]).args(args).arg(file).output();
-        let dev =
-            out.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-        if dev.is_none() {
-            eprintln!("skipped: no loop device (losetup {}) can be attached here (needs root)", args.join(" "));
-        }
-        dev.map(LoopDev)
-    }
-
-    /// Another device node of it at `path` (`mknod`, as a container's `/dev` has its own).
-    pub(crate) fn node(&self, path: &Path) {
-        use std::os::unix::fs::MetadataExt;
-        let rdev = std::fs::metadata(&self.0).unwrap().rdev();
-        let (major, minor) = (libc::major(rdev).to_string(), libc::minor(rdev).to_string());
-        assert!(Cmd::new("mknod").arg(path).args(["b", &major, &minor]).status().unwrap().success(), "mknod");
-    }
-}
-
-impl Drop for LoopDev {
-    fn drop(&mut self) {
-        let _ = Cmd::new("losetup").args(["-d", &self.0]).status();
-    }
 }
