@@ -529,3 +529,66 @@ fn test_support_crates_are_dev_dependencies_only() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// The workspace crates each crate depends on (normal and build dependencies) are the ones
+/// ARCHITECTURE.md's crate table lets it use: the table's "may use" cell names them by their short names
+/// (`core`, `model`, `proto`, `sim`, `runtime`, ...; `everything` for the binary), so a dependency added
+/// in a manifest without the table, or a table that promises a layer it does not keep, fails here,
+/// naming the crate and the difference. Cargo already refuses a cycle; this holds the drawn layers.
+#[test]
+fn crates_depend_on_the_layers_architecture_md_lets_them_use() {
+    let manifests = manifests();
+    let workspace_crates: BTreeSet<String> = manifests.iter().map(|(name, _)| name.clone()).collect();
+    let table = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).unwrap();
+    let mut listed = BTreeSet::new();
+    let mut bad = Vec::new();
+    for line in table.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | `crates/NAME` ... | holds | may use | never |
+        let Some(name) = cells.get(1).and_then(|c| c.strip_prefix("`crates/")).and_then(|c| c.split('`').next()) else {
+            continue;
+        };
+        let name = name.to_string();
+        let may_use = cells.get(3).copied().unwrap_or_default();
+        listed.insert(name.clone());
+        let Some((_, manifest)) = manifests.iter().find(|(n, _)| *n == name) else {
+            bad.push(format!("ARCHITECTURE.md lists {name}, which is not a crate of the workspace"));
+            continue;
+        };
+        let used: BTreeSet<String> = ["dependencies", "build-dependencies"]
+            .iter()
+            .flat_map(|kind| dependencies(manifest, kind))
+            .filter(|d| workspace_crates.contains(d) && *d != name)
+            .collect();
+        let words: BTreeSet<String> = may_use
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect();
+        let allowed: BTreeSet<String> = if words.contains("everything") {
+            workspace_crates.iter().filter(|c| **c != name).cloned().collect()
+        } else {
+            workspace_crates
+                .iter()
+                .filter(|c| {
+                    let short = c.strip_prefix("rein-").unwrap_or(c);
+                    words.contains(short) || words.contains(c.as_str())
+                })
+                .cloned()
+                .collect()
+        };
+        for dep in used.difference(&allowed) {
+            bad.push(format!("{name} depends on {dep}, which its \"may use\" cell in ARCHITECTURE.md does not name"));
+        }
+        for dep in allowed.difference(&used) {
+            if !words.contains("everything") {
+                bad.push(format!("ARCHITECTURE.md lets {name} use {dep}, but its manifest does not depend on it"));
+            }
+        }
+    }
+    assert!(listed.len() >= 8, "read ARCHITECTURE.md's crate table: {listed:?}");
+    for name in workspace_crates.difference(&listed) {
+        bad.push(format!("crate {name} has no row in ARCHITECTURE.md's crate table"));
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
