@@ -107,9 +107,11 @@ use crate::access::{ConnCaps, ExportAccess};
 use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
 use crate::tls::{TlsConfig, TlsFiles};
-use rein_core::{QosSpec, SchedConfig, SchedulerKind};
-use rein_model::device::{ArrayParams, CapacityStep, DeviceParams, DiskParams};
-use rein_model::sched_settings::{with_cost_model_shorthand, CostModelFile, SchedSettingsFile};
+use rein_core::{QosSpec, SchedConfig, SchedulerKind, SpecError};
+use rein_model::device::{ArrayParams, CapacityStep, DeviceError, DeviceParams, DiskParams};
+use rein_model::sched_settings::{
+    with_cost_model_shorthand, CostModelFile, CostModelTwice, SchedSettingsFile, SettingsError,
+};
 use rein_proto::nbd::TlsMode;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -134,9 +136,288 @@ pub enum ConfigError {
         /// The TOML parser's message, after the line and column ([`parse_toml`]).
         message: String,
     },
-    /// A value is out of range or inconsistent with another; the message names the field.
+    /// A value is out of range or inconsistent with another: [`SettingError`] names the field.
     #[error("config: {0}")]
-    Invalid(String),
+    Invalid(SettingError),
+}
+
+/// A value in rein.toml (or given on the command line over it) that is out of range or inconsistent with
+/// another: which field, the value, and the bound or the choices. Its message names the field once.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingError {
+    /// An integer setting outside `min..=max`.
+    #[error("{key} must be in {min}..={max}, got {got}")]
+    Range {
+        /// The key (`queue_depth`, `node.max_tenants`).
+        key: &'static str,
+        /// The smallest value accepted.
+        min: u64,
+        /// The largest value accepted.
+        max: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// `idle_timeout_s` or `stall_timeout_s` above `max` (0 turns either off).
+    #[error("{key} must be in 0..={max} (0: never), got {got}")]
+    Timeout {
+        /// The key.
+        key: &'static str,
+        /// The longest timeout accepted, in seconds.
+        max: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// A duration in seconds (`probe_capacity_s`, `shutdown_timeout_s`) outside `0..=max` or not finite.
+    #[error("{key} must be in 0..={max} seconds, got {got}")]
+    Seconds {
+        /// The key.
+        key: &'static str,
+        /// The longest duration accepted.
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+    /// `capacity_iops` is not a positive number.
+    #[error("capacity_iops must be positive, got {got}")]
+    CapacityIops {
+        /// The value given.
+        got: f64,
+    },
+    /// A key that takes one of a few words was given another (`admission`, `tls.mode`, `node.specs`).
+    #[error("{key} {got:?}: expected {expected}")]
+    Choice {
+        /// The key.
+        key: &'static str,
+        /// The word given.
+        got: String,
+        /// The words accepted, as a phrase (`refuse or warn`).
+        expected: &'static str,
+    },
+    /// `listen` or `admin` is not an address and port.
+    #[error("{key} {text:?}: {error} (expected address:port)")]
+    Address {
+        /// The key.
+        key: &'static str,
+        /// The text given.
+        text: String,
+        /// Why it is not an address.
+        error: std::net::AddrParseError,
+    },
+    /// A daemon's `listen` and its admin endpoint would bind one port (or a wildcard address covers the
+    /// other's).
+    #[error("listen {listen} and admin {admin} take the same port: {what} and the admin endpoint need one each")]
+    SamePort {
+        /// What the daemon serves at `listen` (NBD, the pShift link).
+        what: &'static str,
+        /// The listening address.
+        listen: SocketAddr,
+        /// The admin endpoint's address.
+        admin: SocketAddr,
+    },
+    /// `listen_unix` or `listen_unix_mode` (or `--listen-unix`) is refused; the message names which.
+    #[error("{0}")]
+    UnixSocket(String),
+    /// The admin endpoint's settings (`admin_token_file`, `admin_insecure`, `max_admin_connections`,
+    /// `admin_idle_timeout_s`) are refused; the message names which.
+    #[error("{0}")]
+    AdminAccess(String),
+    /// `scheduler` names no scheduler.
+    #[error("scheduler: {0}")]
+    Scheduler(String),
+    /// `cost_model` is given both at the top and in `[mclock]`.
+    #[error("{0}")]
+    CostModelTwice(CostModelTwice),
+    /// A `[mclock]` (or `cost_model`) setting is refused.
+    #[error("{0}")]
+    Sched(SettingsError),
+    /// `io_engine` names no engine.
+    #[error("{0}")]
+    IoEngine(String),
+    /// A `[device_model]` field is refused.
+    #[error("device_model.{0}")]
+    DeviceModel(DeviceError),
+    /// A `[device_model] service_scale` multiplier outside [0.001, 1000].
+    #[error("device_model.service_scale.{tenant} must be in [0.001, 1000], got {got}")]
+    ServiceScale {
+        /// The tenant it scales.
+        tenant: String,
+        /// The multiplier given.
+        got: f64,
+    },
+    /// `[device_model] service_scale` names a tenant that does not exist.
+    #[error(
+        "device_model.service_scale names {tenant:?}, which is no tenant (a [[tenants]] entry or an export's own)"
+    )]
+    ServiceScaleTenant {
+        /// The name given.
+        tenant: String,
+    },
+    /// A `[[tenants]]` entry without a name.
+    #[error("a [[tenants]] entry has an empty name")]
+    EmptyTenantName,
+    /// Two `[[tenants]]` entries of one name.
+    #[error("tenant name {name:?} is repeated")]
+    RepeatedTenant {
+        /// The name.
+        name: String,
+    },
+    /// A tenant's spec (reservation, limit, weight, idle credit) is refused.
+    #[error("tenant {tenant}: {error}")]
+    TenantSpec {
+        /// The tenant.
+        tenant: String,
+        /// What is wrong with its spec.
+        error: SpecError,
+    },
+    /// No `[[exports]]`.
+    #[error("at least one [[exports]] is needed")]
+    NoExports,
+    /// More than `max` `[[exports]]`.
+    #[error("at most {max} exports")]
+    TooManyExports {
+        /// The most exports a configuration may have.
+        max: usize,
+    },
+    /// An `[[exports]]` entry without a name.
+    #[error("an [[exports]] entry has an empty name")]
+    EmptyExportName,
+    /// An export name longer than 4096 bytes, or one another export has.
+    #[error("export name {name:?} is too long or repeated")]
+    ExportName {
+        /// The name.
+        name: String,
+    },
+    /// An export's setting is refused.
+    #[error("export {export}: {error}")]
+    Export {
+        /// The export's name.
+        export: String,
+        /// What is wrong with it.
+        error: ExportError,
+    },
+    /// `default_export` names no export.
+    #[error("default_export {name:?}: no export of that name")]
+    DefaultExport {
+        /// The name given.
+        name: String,
+    },
+    /// `[tls]`'s credentials cannot be read or do not fit together; the message names the key.
+    #[error("{0}")]
+    Tls(String),
+    /// `admin_tls = true` with a `[tls]` that has only a PSK file.
+    #[error(
+        "admin_tls = true needs tls.cert and tls.key: [tls] has only a psk_file, and HTTPS clients (curl, \
+         browsers) check a server certificate, not a PSK"
+    )]
+    AdminTlsPskOnly,
+    /// `admin_tls = true` without a certificate in `[tls]`.
+    #[error("admin_tls = true needs tls.cert and tls.key (the admin endpoint's certificate) in [tls]")]
+    AdminTlsNoCertificate,
+    /// `[node] allow_networks` or `allow_identities` is refused.
+    #[error("node.{0}")]
+    NodeAccess(AccessError),
+    /// `[pshift]` under a scheduler other than the token scheduler.
+    #[error("[pshift] needs scheduler = \"token\" (pShift's token scheduler), got {got}")]
+    PshiftScheduler {
+        /// The scheduler configured.
+        got: SchedulerKind,
+    },
+    /// `[pshift] r_order` or `r_floor_ios` is refused; the message names which.
+    #[error("{0}")]
+    PshiftROrder(String),
+    /// `pshift.controller` is not an address.
+    #[error("pshift.controller {text:?} is not an address (ip:port)")]
+    PshiftController {
+        /// The text given.
+        text: String,
+    },
+    /// `pshift.name` is empty or longer than `max` bytes.
+    #[error("pshift.name {name:?} must be 1 to {max} bytes")]
+    PshiftName {
+        /// The name given.
+        name: String,
+        /// The longest name accepted, in bytes.
+        max: usize,
+    },
+    /// `[pshift.tls]` is refused; the message names the key.
+    #[error("{0}")]
+    PshiftTls(String),
+    /// One of `pshift.controller` and `pshift.name` without the other.
+    #[error("pshift.controller and pshift.name go together (neither: plain round robin)")]
+    PshiftControllerWithoutName,
+    /// `[pshift.tls]` without `pshift.controller`.
+    #[error("pshift.tls needs pshift.controller (it secures the link to the controller)")]
+    PshiftTlsWithoutController,
+}
+
+/// What is wrong with one export's settings ([`SettingError::Export`] names the export).
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// `direct = true` on a memory export.
+    #[error("direct = true needs backend = \"file\"")]
+    DirectNeedsFile,
+    /// `readahead = false` on a memory export.
+    #[error("readahead = false needs backend = \"file\"")]
+    ReadaheadNeedsFile,
+    /// `size_mb` is 0 or makes more than [`MAX_EXPORT_BYTES`].
+    #[error("size_mb must be in 1..=2^30, got {got}")]
+    Size {
+        /// The value given.
+        got: u64,
+    },
+    /// `backend` is neither `file` nor `memory`.
+    #[error("backend {got:?}: expected file or memory")]
+    Backend {
+        /// The backend given.
+        got: String,
+    },
+    /// `tenant` names no `[[tenants]]` entry.
+    #[error("unknown tenant {tenant:?}")]
+    UnknownTenant {
+        /// The name given.
+        tenant: String,
+    },
+    /// `allow_networks` or `allow_identities` is refused.
+    #[error("{0}")]
+    Access(AccessError),
+}
+
+/// What is wrong with an access list, `allow_networks` or `allow_identities` ([`access_lists`]); the
+/// caller names whose list it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// More than `max` entries.
+    #[error("{key} has {entries} entries, above the limit of {max}")]
+    TooMany {
+        /// `allow_networks` or `allow_identities`.
+        key: &'static str,
+        /// How many entries it has.
+        entries: usize,
+        /// The most it may have ([`MAX_ALLOW_ENTRIES`]).
+        max: usize,
+    },
+    /// An empty entry.
+    #[error("{key} has an empty entry")]
+    EmptyEntry {
+        /// `allow_networks` or `allow_identities`.
+        key: &'static str,
+    },
+    /// An entry longer than `max` bytes.
+    #[error("{key} has an entry of {bytes} bytes, above the limit of {max}")]
+    LongEntry {
+        /// `allow_networks` or `allow_identities`.
+        key: &'static str,
+        /// The longest entry's length, in bytes.
+        bytes: usize,
+        /// The longest entry accepted ([`MAX_ALLOW_ENTRY_BYTES`]).
+        max: usize,
+    },
+    /// An `allow_networks` entry that is neither a network nor an address.
+    #[error("allow_networks entry {entry:?} is not a CIDR network (e.g. 10.0.0.0/8)")]
+    Network {
+        /// The entry.
+        entry: String,
+    },
 }
 
 fn d_listen() -> String {
@@ -176,12 +457,13 @@ pub(crate) fn d_true() -> bool {
 
 /// The export settings only a file has, checked for an export of `backend`: the error names the first
 /// one set on a memory export (rein.toml's `[[exports]]` and the admin API's exports alike).
-pub(crate) fn file_only_settings(name: &str, backend: &str, direct: bool, readahead: bool) -> Result<(), String> {
-    match backend {
-        "memory" if direct => Err(format!("export {name}: direct = true needs backend = \"file\"")),
-        "memory" if !readahead => Err(format!("export {name}: readahead = false needs backend = \"file\"")),
-        _ => Ok(()),
-    }
+pub(crate) fn file_only_settings(name: &str, backend: &str, direct: bool, readahead: bool) -> Result<(), SettingError> {
+    let error = match backend {
+        "memory" if direct => ExportError::DirectNeedsFile,
+        "memory" if !readahead => ExportError::ReadaheadNeedsFile,
+        _ => return Ok(()),
+    };
+    Err(SettingError::Export { export: name.to_string(), error })
 }
 fn d_service() -> String {
     "exponential".into()
@@ -214,10 +496,10 @@ type Timeouts = (Option<std::time::Duration>, Option<std::time::Duration>);
 
 /// `idle_timeout_s` and `stall_timeout_s` as rein.toml and gw.toml give them: each in 0..=604800 (0:
 /// never).
-pub(crate) fn conn_timeouts(idle_s: u64, stall_s: u64) -> Result<Timeouts, String> {
-    for (key, v) in [("idle_timeout_s", idle_s), ("stall_timeout_s", stall_s)] {
-        if v > MAX_CONN_TIMEOUT_S {
-            return Err(format!("{key} must be in 0..={MAX_CONN_TIMEOUT_S} (0: never), got {v}"));
+pub(crate) fn conn_timeouts(idle_s: u64, stall_s: u64) -> Result<Timeouts, SettingError> {
+    for (key, got) in [("idle_timeout_s", idle_s), ("stall_timeout_s", stall_s)] {
+        if got > MAX_CONN_TIMEOUT_S {
+            return Err(SettingError::Timeout { key, max: MAX_CONN_TIMEOUT_S, got });
         }
     }
     let some = |s: u64| (s > 0).then(|| std::time::Duration::from_secs(s));
@@ -357,22 +639,21 @@ impl Default for NodeConfig {
     }
 }
 
-fn node_config(f: Option<&NodeFile>) -> Result<NodeConfig, String> {
+fn node_config(f: Option<&NodeFile>) -> Result<NodeConfig, SettingError> {
     let Some(f) = f else { return Ok(NodeConfig::default()) };
     let specs = match f.specs.as_deref() {
         None | Some("node") => NodeSpecs::Node,
         Some("gateway") => NodeSpecs::Gateway,
-        Some(o) => return Err(format!("node.specs {o:?}: expected node or gateway")),
+        Some(o) => {
+            return Err(SettingError::Choice { key: "node.specs", got: o.to_string(), expected: "node or gateway" })
+        }
     };
-    let mut access = parse_access("[node]", &f.allow_networks, &f.allow_identities)
-        .map_err(|e| e.replacen("export [node]: ", "node.", 1))?;
+    let mut access = access_lists(&f.allow_networks, &f.allow_identities).map_err(SettingError::NodeAccess)?;
     if access.networks.is_none() {
         access.networks = NodeConfig::default().access.networks;
     }
     let max_tenants = f.max_tenants.unwrap_or(NODE_DEFAULT_MAX_TENANTS);
-    if !(1..=NODE_MAX_TENANTS_LIMIT).contains(&max_tenants) {
-        return Err(format!("node.max_tenants must be in 1..={NODE_MAX_TENANTS_LIMIT}, got {max_tenants}"));
-    }
+    in_range("node.max_tenants", max_tenants as u64, 1, NODE_MAX_TENANTS_LIMIT as u64)?;
     Ok(NodeConfig { enabled: f.enabled, specs, access, max_tenants })
 }
 
@@ -670,15 +951,18 @@ impl Overrides {
     /// The daemon's NBD address, Unix socket and admin address: the file's `keys` (relative socket paths
     /// from `base`, its directory) under the overrides (`--listen-unix` keeps the file's mode), and NBD
     /// and admin not on one port ([`distinct_fronts`]).
-    pub(crate) fn fronts(&self, keys: FrontKeys<'_>, base: &Path) -> Result<Fronts, String> {
-        let address = |over: Option<SocketAddr>, key: &str, text: &str| match over {
+    pub(crate) fn fronts(&self, keys: FrontKeys<'_>, base: &Path) -> Result<Fronts, SettingError> {
+        let address = |over: Option<SocketAddr>, key: &'static str, text: &str| match over {
             Some(a) => Ok(a),
-            None => text.parse().map_err(|e| format!("{key} {text:?}: {e} (expected address:port)")),
+            None => text.parse().map_err(|error| SettingError::Address { key, text: text.to_string(), error }),
         };
         let listen = address(self.listen, "listen", keys.listen)?;
-        let file = crate::sock::UnixListen::from_config(keys.listen_unix, keys.listen_unix_mode, base)?;
+        let file = crate::sock::UnixListen::from_config(keys.listen_unix, keys.listen_unix_mode, base)
+            .map_err(SettingError::UnixSocket)?;
         let listen_unix = match &self.listen_unix {
-            Some(p) => Some(crate::sock::UnixListen::from_command_line(p, file.as_ref())?),
+            Some(p) => {
+                Some(crate::sock::UnixListen::from_command_line(p, file.as_ref()).map_err(SettingError::UnixSocket)?)
+            }
             None => file,
         };
         let admin = keys.admin.map(|a| address(self.admin, "admin", a)).transpose()?;
@@ -695,16 +979,14 @@ impl Overrides {
 /// address; an IPv4-mapped IPv6 address, `[::ffff:127.0.0.1]`, is the IPv4 address it maps, as the
 /// kernel binds it): the start failed with "Address already in use", which does not say the daemon is in
 /// its own way. Port 0 is a free port each.
-pub(crate) fn distinct_fronts(what: &str, listen: SocketAddr, admin: SocketAddr) -> Result<(), String> {
+pub(crate) fn distinct_fronts(what: &'static str, listen: SocketAddr, admin: SocketAddr) -> Result<(), SettingError> {
     let covers = |wild: std::net::IpAddr, other: std::net::IpAddr| match wild {
         std::net::IpAddr::V4(w) => w.is_unspecified() && other.is_ipv4(),
         std::net::IpAddr::V6(w) => w.is_unspecified(),
     };
     let (a, b) = (listen.ip().to_canonical(), admin.ip().to_canonical());
     if listen.port() == admin.port() && listen.port() != 0 && (a == b || covers(a, b) || covers(b, a)) {
-        return Err(format!(
-            "listen {listen} and admin {admin} take the same port: {what} and the admin endpoint need one each"
-        ));
+        return Err(SettingError::SamePort { what, listen, admin });
     }
     Ok(())
 }
@@ -809,12 +1091,12 @@ impl ServerConfig {
         self.tenants.iter().position(|t| t.name == name)
     }
 
-    /// Checks reservations against the configured capacity (none configured: no check); `Err` explains
-    /// the shortfall.
-    pub fn admission_check(&self, specs: impl Iterator<Item = QosSpec>) -> Result<(), String> {
+    /// Checks reservations against the configured capacity (none configured: no check); `Err` is the
+    /// shortfall ([`Shortfall::Above`]).
+    pub fn admission_check(&self, specs: impl Iterator<Item = QosSpec>) -> Result<(), Shortfall> {
         let sum: f64 = specs.map(|s| self.reservation_iops(&s)).sum();
         match Shortfall::of(sum, self.capacity_iops) {
-            Some(s @ Shortfall::Above { .. }) => Err(s.to_string()),
+            Some(s @ Shortfall::Above { .. }) => Err(s),
             _ => Ok(()),
         }
     }
@@ -872,34 +1154,48 @@ impl std::fmt::Display for Shortfall {
     }
 }
 
-/// An access list entry count within [`MAX_ALLOW_ENTRIES`].
-fn allow_list(export: &str, key: &str, list: &Option<Vec<String>>) -> Result<(), String> {
+impl std::error::Error for Shortfall {}
+
+/// An access list entry count within [`MAX_ALLOW_ENTRIES`], each entry within [`MAX_ALLOW_ENTRY_BYTES`].
+fn allow_list(key: &'static str, list: &Option<Vec<String>>) -> Result<(), AccessError> {
     match list {
         Some(l) if l.len() > MAX_ALLOW_ENTRIES => {
-            Err(format!("export {export}: {key} has {} entries, above the limit of {MAX_ALLOW_ENTRIES}", l.len()))
+            Err(AccessError::TooMany { key, entries: l.len(), max: MAX_ALLOW_ENTRIES })
         }
-        Some(l) if l.iter().any(|x| x.is_empty()) => Err(format!("export {export}: {key} has an empty entry")),
-        Some(l) if l.iter().any(|x| x.len() > MAX_ALLOW_ENTRY_BYTES) => Err(format!(
-            "export {export}: {key} has an entry of {} bytes, above the limit of {MAX_ALLOW_ENTRY_BYTES}",
-            l.iter().map(String::len).max().unwrap_or(0)
-        )),
+        Some(l) if l.iter().any(|x| x.is_empty()) => Err(AccessError::EmptyEntry { key }),
+        Some(l) if l.iter().any(|x| x.len() > MAX_ALLOW_ENTRY_BYTES) => Err(AccessError::LongEntry {
+            key,
+            bytes: l.iter().map(String::len).max().unwrap_or(0),
+            max: MAX_ALLOW_ENTRY_BYTES,
+        }),
         _ => Ok(()),
     }
 }
 
-fn export_access(e: &ExportFile) -> Result<ExportAccess, String> {
+fn export_access(e: &ExportFile) -> Result<ExportAccess, SettingError> {
     parse_access(&e.name, &e.allow_networks, &e.allow_identities)
 }
 
 /// An export's access list from its `allow_networks` and `allow_identities` as written (in rein.toml, the
-/// state file or `POST /api/exports`); errors name the export and the key.
+/// state file or `POST /api/exports`); errors name the export and the key ([`access_lists`] with the
+/// export's name).
 pub fn parse_access(
     export: &str,
     allow_networks: &Option<Vec<String>>,
     allow_identities: &Option<Vec<String>>,
-) -> Result<ExportAccess, String> {
-    allow_list(export, "allow_networks", allow_networks)?;
-    allow_list(export, "allow_identities", allow_identities)?;
+) -> Result<ExportAccess, SettingError> {
+    access_lists(allow_networks, allow_identities)
+        .map_err(|e| SettingError::Export { export: export.to_string(), error: ExportError::Access(e) })
+}
+
+/// An access list from `allow_networks` and `allow_identities` as written, for whoever's they are (an
+/// export, `[node]`, the pShift controller); errors name the key, the caller whose list it is.
+pub fn access_lists(
+    allow_networks: &Option<Vec<String>>,
+    allow_identities: &Option<Vec<String>>,
+) -> Result<ExportAccess, AccessError> {
+    allow_list("allow_networks", allow_networks)?;
+    allow_list("allow_identities", allow_identities)?;
     let networks = match allow_networks {
         None => None,
         Some(list) => Some(
@@ -909,11 +1205,7 @@ pub fn parse_access(
                     n.parse::<ipnet::IpNet>()
                         .or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
                         .map(crate::access::canonical_net)
-                        .map_err(|_| {
-                            format!(
-                                "export {export}: allow_networks entry {n:?} is not a CIDR network (e.g. 10.0.0.0/8)"
-                            )
-                        })
+                        .map_err(|_| AccessError::Network { entry: n.clone() })
                 })
                 .collect::<Result<Vec<_>, _>>()?,
         ),
@@ -921,12 +1213,14 @@ pub fn parse_access(
     Ok(ExportAccess { networks, identities: allow_identities.clone() })
 }
 
-pub(crate) fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, String> {
+pub(crate) fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, SettingError> {
     let mode = match t.mode.as_deref() {
         None | Some("off") => TlsMode::Off,
         Some("on") => TlsMode::On,
         Some("require") => TlsMode::Require,
-        Some(o) => return Err(format!("tls.mode {o:?}: expected off, on or require")),
+        Some(o) => {
+            return Err(SettingError::Choice { key: "tls.mode", got: o.to_string(), expected: "off, on or require" })
+        }
     };
     let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
     let files = TlsFiles {
@@ -936,33 +1230,34 @@ pub(crate) fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, String> 
         psk_file: path(&t.psk_file),
         crl: path(&t.crl),
     };
-    TlsConfig::build(mode, files)
+    TlsConfig::build(mode, files).map_err(SettingError::Tls)
 }
 
 /// `admin_tls`: the `[tls]` context if it has a certificate. An HTTPS client (curl, a browser, a
 /// Prometheus scraper) authenticates the server by its certificate; none of them speaks TLS-PSK, so a
 /// PSK-only `[tls]` is refused rather than served to no one.
-fn admin_tls(on: bool, tls: Option<&TlsConfig>) -> Result<Option<TlsConfig>, String> {
+fn admin_tls(on: bool, tls: Option<&TlsConfig>) -> Result<Option<TlsConfig>, SettingError> {
     match tls {
         _ if !on => Ok(None),
         Some(t) if t.has_certificate() => Ok(Some(t.clone())),
-        Some(t) if t.psk.is_some() => Err("admin_tls = true needs tls.cert and tls.key: [tls] has only a psk_file, \
-             and HTTPS clients (curl, browsers) check a server certificate, not a PSK"
-            .into()),
-        _ => Err("admin_tls = true needs tls.cert and tls.key (the admin endpoint's certificate) in [tls]".into()),
+        Some(t) if t.psk.is_some() => Err(SettingError::AdminTlsPskOnly),
+        _ => Err(SettingError::AdminTlsNoCertificate),
     }
 }
 
-fn caps(f: &File) -> Result<ConnCaps, String> {
+/// A count setting `got` in `min..=max`, else [`SettingError::Range`] naming `key`.
+fn in_range(key: &'static str, got: u64, min: u64, max: u64) -> Result<u64, SettingError> {
+    if (min..=max).contains(&got) {
+        Ok(got)
+    } else {
+        Err(SettingError::Range { key, min, max, got })
+    }
+}
+
+fn caps(f: &File) -> Result<ConnCaps, SettingError> {
     let d = ConnCaps::default();
     let total = f.max_connections.unwrap_or(d.total);
-    let check = |key: &str, v: usize| {
-        if v == 0 || v > MAX_CONNECTIONS_LIMIT {
-            Err(format!("{key} must be in 1..={MAX_CONNECTIONS_LIMIT}, got {v}"))
-        } else {
-            Ok(v)
-        }
-    };
+    let check = |key: &'static str, v: usize| in_range(key, v as u64, 1, MAX_CONNECTIONS_LIMIT as u64).map(|_| v);
     Ok(ConnCaps {
         total: check("max_connections", total)?,
         // Defaults never above the total.
@@ -977,7 +1272,7 @@ fn caps(f: &File) -> Result<ConnCaps, String> {
     })
 }
 
-fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String> {
+fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, SettingError> {
     let caps = caps(&f)?;
     let keys = FrontKeys {
         listen: &f.listen,
@@ -992,43 +1287,41 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
         f.admin_insecure,
         f.max_admin_connections,
         f.admin_idle_timeout_s,
-    )?;
+    )
+    .map_err(SettingError::AdminAccess)?;
     let scheduler: SchedulerKind = match o.scheduler {
         Some(s) => s,
-        None => f.scheduler.parse().map_err(|e: String| format!("scheduler: {e}"))?,
+        None => f.scheduler.parse().map_err(SettingError::Scheduler)?,
     };
-    if f.queue_depth == 0 || f.queue_depth > 4096 {
-        return Err(format!("queue_depth must be in 1..=4096, got {}", f.queue_depth));
-    }
+    in_range("queue_depth", f.queue_depth.into(), 1, 4096)?;
     // `cost_model` at the top is a shorthand for `[mclock] cost_model` (as in a scenario); one of the two.
-    let settings = with_cost_model_shorthand(f.mclock.as_ref(), f.cost_model.as_ref()).map_err(|e| e.to_string())?;
-    let sched = settings.resolve().map_err(|e| e.to_string())?;
+    let settings =
+        with_cost_model_shorthand(f.mclock.as_ref(), f.cost_model.as_ref()).map_err(SettingError::CostModelTwice)?;
+    let sched = settings.resolve().map_err(SettingError::Sched)?;
     let admission = match f.admission.as_deref() {
         None | Some("refuse") => Admission::Refuse,
         Some("warn") => Admission::Warn,
-        Some(o) => return Err(format!("admission {o:?}: expected refuse or warn")),
+        Some(o) => {
+            return Err(SettingError::Choice { key: "admission", got: o.to_string(), expected: "refuse or warn" })
+        }
     };
     let io_engine: IoEngine = match f.io_engine.as_deref() {
         None => IoEngine::Uring,
-        Some(s) => s.parse()?,
+        Some(s) => s.parse().map_err(SettingError::IoEngine)?,
     };
-    if !(f.probe_capacity_s.is_finite() && (0.0..=60.0).contains(&f.probe_capacity_s)) {
-        return Err(format!("probe_capacity_s must be in 0..=60 seconds, got {}", f.probe_capacity_s));
-    }
-    for (key, mb) in
-        [("max_inflight_mb", f.max_inflight_mb), ("max_inflight_mb_per_tenant", f.max_inflight_mb_per_tenant)]
-    {
-        if mb == 0 || mb > crate::budget::MAX_INFLIGHT_MB {
-            return Err(format!("{key} must be in 1..={}, got {mb}", crate::budget::MAX_INFLIGHT_MB));
+    let seconds = |key: &'static str, got: f64, max: f64| {
+        if got.is_finite() && (0.0..=max).contains(&got) {
+            Ok(got)
+        } else {
+            Err(SettingError::Seconds { key, max, got })
         }
-    }
+    };
+    seconds("probe_capacity_s", f.probe_capacity_s, 60.0)?;
+    in_range("max_inflight_mb", f.max_inflight_mb, 1, crate::budget::MAX_INFLIGHT_MB)?;
+    in_range("max_inflight_mb_per_tenant", f.max_inflight_mb_per_tenant, 1, crate::budget::MAX_INFLIGHT_MB)?;
     let (idle_timeout, stall_timeout) = conn_timeouts(f.idle_timeout_s, f.stall_timeout_s)?;
-    if !(f.shutdown_timeout_s.is_finite() && (0.0..=3600.0).contains(&f.shutdown_timeout_s)) {
-        return Err(format!("shutdown_timeout_s must be in 0..=3600 seconds, got {}", f.shutdown_timeout_s));
-    }
-    if f.max_request_kb == 0 || f.max_request_kb > 128 * 1024 {
-        return Err(format!("max_request_kb must be in 1..=131072, got {}", f.max_request_kb));
-    }
+    seconds("shutdown_timeout_s", f.shutdown_timeout_s, 3600.0)?;
+    in_range("max_request_kb", f.max_request_kb, 1, 128 * 1024)?;
     let device = match f.device_model {
         None => None,
         Some(d) => {
@@ -1044,11 +1337,11 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
                 capacity_schedule: d.capacity_schedule,
             }
             .validate()
-            .map_err(|e| format!("device_model.{e}"))?;
+            .map_err(SettingError::DeviceModel)?;
             let mut service_scale = Vec::with_capacity(d.service_scale.len());
             for (name, &x) in &d.service_scale {
                 if !(x.is_finite() && (1e-3..=1e3).contains(&x)) {
-                    return Err(format!("device_model.service_scale.{name} must be in [0.001, 1000], got {x}"));
+                    return Err(SettingError::ServiceScale { tenant: name.clone(), got: x });
                 }
                 service_scale.push((name.clone(), x));
             }
@@ -1057,7 +1350,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
     };
     if let Some(c) = f.capacity_iops {
         if !(c.is_finite() && c > 0.0) {
-            return Err(format!("capacity_iops must be positive, got {c}"));
+            return Err(SettingError::CapacityIops { got: c });
         }
     }
     let capacity_iops = f.capacity_iops.or(device.as_ref().map(|d| d.spec.capacity_at(rein_core::Nanos::ZERO)));
@@ -1067,30 +1360,31 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
     let mut names = std::collections::HashSet::with_capacity(f.tenants.len());
     for t in &f.tenants {
         if t.name.is_empty() {
-            return Err("a [[tenants]] entry has an empty name".into());
+            return Err(SettingError::EmptyTenantName);
         }
         if !names.insert(t.name.as_str()) {
-            return Err(format!("tenant name {:?} is repeated", t.name));
+            return Err(SettingError::RepeatedTenant { name: t.name.clone() });
         }
         let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
-            .map_err(|e| format!("tenant {}: {e}", t.name))?;
+            .map_err(|error| SettingError::TenantSpec { tenant: t.name.clone(), error })?;
         tenants.push(TenantConfig { name: t.name.clone(), spec });
     }
     if f.exports.is_empty() {
-        return Err("at least one [[exports]] is needed".into());
+        return Err(SettingError::NoExports);
     }
     if f.exports.len() > MAX_EXPORTS {
-        return Err(format!("at most {MAX_EXPORTS} exports"));
+        return Err(SettingError::TooManyExports { max: MAX_EXPORTS });
     }
     let data_dir = o.data_dir.clone().unwrap_or_else(|| PathBuf::from(&f.data_dir));
     let mut exports: Vec<ExportConfig> = Vec::new();
     for e in &f.exports {
         if e.name.is_empty() {
-            return Err("an [[exports]] entry has an empty name".into());
+            return Err(SettingError::EmptyExportName);
         }
         if e.name.len() > 4096 || exports.iter().any(|x| x.name == e.name) {
-            return Err(format!("export name {:?} is too long or repeated", e.name));
+            return Err(SettingError::ExportName { name: e.name.clone() });
         }
+        let export_error = |error| SettingError::Export { export: e.name.clone(), error };
         let size_mb = match (e.size_mb, e.backend.as_str()) {
             (Some(mb), _) => Some(mb),
             (None, "memory") => Some(DEFAULT_MEMORY_MB),
@@ -1101,7 +1395,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
             Some(mb) => Some(
                 mb.checked_mul(1 << 20)
                     .filter(|&s| s > 0 && s <= MAX_EXPORT_BYTES)
-                    .ok_or_else(|| format!("export {}: size_mb must be in 1..=2^30, got {mb}", e.name))?,
+                    .ok_or_else(|| export_error(ExportError::Size { got: mb }))?,
             ),
         };
         file_only_settings(&e.name, &e.backend, e.direct, e.readahead)?;
@@ -1121,7 +1415,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
                 }
             }
             "memory" => BackendKind::Memory,
-            o => return Err(format!("export {}: backend {o:?}: expected file or memory", e.name)),
+            o => return Err(export_error(ExportError::Backend { got: o.to_string() })),
         };
         let tname = e.tenant.clone().unwrap_or_else(|| e.name.clone());
         let tenant = match tenants.iter().position(|t| t.name == tname) {
@@ -1131,7 +1425,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
                 tenants.push(TenantConfig { name: tname.clone(), spec: QosSpec::default() });
                 tenants.len() - 1
             }
-            None => return Err(format!("export {}: unknown tenant {tname:?}", e.name)),
+            None => return Err(export_error(ExportError::UnknownTenant { tenant: tname })),
         };
         exports.push(ExportConfig {
             name: e.name.clone(),
@@ -1147,9 +1441,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
     // Placement skew names tenants: configured ones, or an export's own.
     if let Some(d) = &device {
         if let Some((name, _)) = d.service_scale.iter().find(|(n, _)| !tenants.iter().any(|t| &t.name == n)) {
-            return Err(format!(
-                "device_model.service_scale names {name:?}, which is no tenant (a [[tenants]] entry or an export's own)"
-            ));
+            return Err(SettingError::ServiceScaleTenant { tenant: name.clone() });
         }
     }
     let default_export = match &f.default_export {
@@ -1158,7 +1450,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
             exports
                 .iter()
                 .position(|e| &e.name == name)
-                .ok_or_else(|| format!("default_export {name:?}: no export of that name"))?,
+                .ok_or_else(|| SettingError::DefaultExport { name: name.clone() })?,
         ),
     };
     let tls = match &f.tls {
@@ -1172,29 +1464,30 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
         None => None,
         Some(p) => {
             if scheduler != SchedulerKind::Token {
-                return Err(format!(
-                    "[pshift] needs scheduler = \"token\" (pShift's token scheduler), got {scheduler}"
-                ));
+                return Err(SettingError::PshiftScheduler { got: scheduler });
             }
             token = crate::dispatch::TokenVariant {
                 weighted: p.weighted,
-                r_order: rein_model::pshift_settings::r_order(p.r_order.as_deref(), p.r_floor_ios)?,
+                r_order: rein_model::pshift_settings::r_order(p.r_order.as_deref(), p.r_floor_ios)
+                    .map_err(SettingError::PshiftROrder)?,
             };
             let link = match (&p.controller, &p.name) {
                 (None, None) => None,
                 (Some(c), Some(name)) => {
                     let controller: std::net::SocketAddr =
-                        c.parse().map_err(|_| format!("pshift.controller {c:?} is not an address (ip:port)"))?;
+                        c.parse().map_err(|_| SettingError::PshiftController { text: c.clone() })?;
                     if name.is_empty() || name.len() > rein_core::pshift::MAX_NAME_LEN {
-                        return Err(format!(
-                            "pshift.name {name:?} must be 1 to {} bytes",
-                            rein_core::pshift::MAX_NAME_LEN
-                        ));
+                        return Err(SettingError::PshiftName {
+                            name: name.clone(),
+                            max: rein_core::pshift::MAX_NAME_LEN,
+                        });
                     }
                     let tls = match &p.tls {
                         None => None,
                         Some(t) => {
-                            let client = crate::tls::LiveTlsClient::new(t.build(base, "pshift.tls")?);
+                            let client = crate::tls::LiveTlsClient::new(
+                                t.build(base, "pshift.tls").map_err(SettingError::PshiftTls)?,
+                            );
                             let name = t.name.clone().unwrap_or_else(|| controller.ip().to_string());
                             Some((client, name))
                         }
@@ -1206,10 +1499,10 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, String>
                         welcome_timeout: crate::pshift_link::CONNECT_TIMEOUT,
                     })
                 }
-                _ => return Err("pshift.controller and pshift.name go together (neither: plain round robin)".into()),
+                _ => return Err(SettingError::PshiftControllerWithoutName),
             };
             if p.tls.is_some() && link.is_none() {
-                return Err("pshift.tls needs pshift.controller (it secures the link to the controller)".into());
+                return Err(SettingError::PshiftTlsWithoutController);
             }
             link
         }
@@ -1552,13 +1845,91 @@ mod tests {
         assert_eq!(c.default_export, Some(1));
     }
 
+    /// The errors are typed: each refusal is its variant, with the field, the value and the bound, and its
+    /// message the one operators saw when validation returned strings.
+    #[test]
+    fn errors_are_typed_with_the_field_value_and_bound() {
+        let invalid = |t: &str| match ServerConfig::parse(t, Path::new("x.toml")) {
+            Err(ConfigError::Invalid(e)) => e,
+            other => panic!("not refused as invalid: {other:?}"),
+        };
+        let a = "\n[[exports]]\nname = \"a\"\n";
+        let e = invalid(&format!("queue_depth = 5000{a}"));
+        assert!(matches!(e, SettingError::Range { key: "queue_depth", min: 1, max: 4096, got: 5000 }), "{e:?}");
+        assert_eq!(e.to_string(), "queue_depth must be in 1..=4096, got 5000");
+        let e = invalid(&format!("max_connections_per_tenant = 0{a}"));
+        assert!(
+            matches!(e, SettingError::Range { key: "max_connections_per_tenant", min: 1, max: 65536, got: 0 }),
+            "{e:?}"
+        );
+        let e = invalid(&format!("stall_timeout_s = 604801{a}"));
+        assert!(matches!(e, SettingError::Timeout { key: "stall_timeout_s", max: 604800, got: 604801 }), "{e:?}");
+        assert_eq!(e.to_string(), "stall_timeout_s must be in 0..=604800 (0: never), got 604801");
+        let e = invalid(&format!("shutdown_timeout_s = 3601.5{a}"));
+        assert!(
+            matches!(e, SettingError::Seconds { key: "shutdown_timeout_s", max, got } if max == 3600.0 && got == 3601.5),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "shutdown_timeout_s must be in 0..=3600 seconds, got 3601.5");
+        let e = invalid(&format!("admission = \"maybe\"{a}"));
+        assert!(
+            matches!(&e, SettingError::Choice { key: "admission", got, expected: "refuse or warn" } if got == "maybe"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "admission \"maybe\": expected refuse or warn");
+        let e = invalid(&format!("listen = \"nowhere\"{a}"));
+        assert!(matches!(&e, SettingError::Address { key: "listen", text, .. } if text == "nowhere"), "{e:?}");
+        assert_eq!(e.to_string(), "listen \"nowhere\": invalid socket address syntax (expected address:port)");
+        let e = invalid("listen = \"127.0.0.1:9000\"\nadmin = \"0.0.0.0:9000\"\n[[exports]]\nname = \"a\"");
+        let (listen, admin) = ("127.0.0.1:9000".parse().unwrap(), "0.0.0.0:9000".parse().unwrap());
+        assert!(
+            matches!(e, SettingError::SamePort { what: "NBD", listen: l, admin: d } if l == listen && d == admin),
+            "{e:?}"
+        );
+        // An export's refusal names the export once, then what is wrong with it.
+        let e = invalid("[[exports]]\nname = \"a\"\nsize_mb = 0");
+        assert!(
+            matches!(&e, SettingError::Export { export, error: ExportError::Size { got: 0 } } if export == "a"),
+            "{e:?}"
+        );
+        let e = invalid("[[exports]]\nname = \"a\"\ntenant = \"zz\"");
+        assert!(
+            matches!(&e, SettingError::Export { export, error: ExportError::UnknownTenant { tenant } }
+                if export == "a" && tenant == "zz"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "export a: unknown tenant \"zz\"");
+        let e = invalid("[[exports]]\nname = \"a\"\nallow_networks = [\"10.0.0.0/8\", \"x\"]");
+        let want = AccessError::Network { entry: "x".into() };
+        assert!(
+            matches!(&e, SettingError::Export { export, error: ExportError::Access(w) } if export == "a" && *w == want),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "export a: allow_networks entry \"x\" is not a CIDR network (e.g. 10.0.0.0/8)");
+        // [node]'s lists: the same check, named as node's keys (no export).
+        let e = invalid(&format!("[node]\nallow_identities = [\"\"]{a}"));
+        assert!(matches!(e, SettingError::NodeAccess(AccessError::EmptyEntry { key: "allow_identities" })), "{e:?}");
+        assert_eq!(e.to_string(), "node.allow_identities has an empty entry");
+        let e = invalid(&format!("[[tenants]]\nname = \"a\"\nreservation = 10\nlimit = 5{a}"));
+        assert!(matches!(&e, SettingError::TenantSpec { tenant, .. } if tenant == "a"), "{e:?}");
+        assert_eq!(e.to_string(), "tenant a: reservation 10 exceeds limit 5");
+        let e = invalid(&format!("scheduler = \"fifo\"\n[pshift]{a}"));
+        assert!(matches!(e, SettingError::PshiftScheduler { got: SchedulerKind::Fifo }), "{e:?}");
+        let e = invalid(&format!("[device_model]\ncapacity_iops = 1000\nservice_scale = {{ b = 1.5 }}{a}"));
+        assert!(matches!(&e, SettingError::ServiceScaleTenant { tenant } if tenant == "b"), "{e:?}");
+        // The one "config: " of ConfigError, no more.
+        let e = ServerConfig::parse(&format!("max_request_kb = 0{a}"), Path::new("x.toml")).unwrap_err().to_string();
+        assert_eq!(e, "config: max_request_kb must be in 1..=131072, got 0");
+    }
+
     #[test]
     fn admission() {
         let c = ServerConfig::parse("capacity_iops = 400\n[[exports]]\nname = \"a\"", Path::new("x")).unwrap();
         let r = |x| QosSpec::new(x, None, 1.0, 0).unwrap();
         assert!(c.admission_check([r(100.0), r(200.0)].into_iter()).is_ok());
         let e = c.admission_check([r(300.0), r(200.0)].into_iter()).unwrap_err();
-        assert!(e.contains("500") && e.contains("400"), "{e}");
+        assert_eq!(e, Shortfall::Above { sum: 500.0, capacity: 400.0 });
+        assert_eq!(e.to_string(), "reservations total 500 IOPS, above the reservable capacity of 400 IOPS");
         // Under cost_model = "bytes" reservations are bytes/s, counted as 4 KiB IOPS against the capacity.
         let b = |cap| {
             ServerConfig::parse(
@@ -1570,7 +1941,7 @@ mod tests {
         let (k100, k200) = (r(100.0 * 4096.0), r(200.0 * 4096.0));
         assert!(b(400).admission_check([k100, k200].into_iter()).is_ok());
         let e = b(250).admission_check([k100, k200].into_iter()).unwrap_err();
-        assert!(e.contains("300") && e.contains("250"), "{e}");
+        assert_eq!(e, Shortfall::Above { sum: 300.0, capacity: 250.0 });
         assert_eq!(b(250).reservation_iops(&k200), 200.0);
     }
 }

@@ -708,7 +708,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
         listen_unix_mode: f.listen_unix_mode.as_deref(),
         admin: f.admin.as_deref(),
     };
-    let (listen, listen_unix, admin) = o.fronts(keys, base)?;
+    let (listen, listen_unix, admin) = o.fronts(keys, base).map_err(|e| e.to_string())?;
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(|p| base.join(p)),
         f.admin_insecure,
@@ -736,8 +736,13 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
     if !(1..=MAX_WORKER_THREADS).contains(&f.worker_threads) {
         return Err(format!("worker_threads must be in 1..={MAX_WORKER_THREADS}, got {}", f.worker_threads));
     }
-    let tls =
-        f.tls.as_ref().map(|t| tls_config(t, base)).transpose()?.filter(|t| t.mode != rein_proto::nbd::TlsMode::Off);
+    let tls = f
+        .tls
+        .as_ref()
+        .map(|t| tls_config(t, base))
+        .transpose()
+        .map_err(|e| e.to_string())?
+        .filter(|t| t.mode != rein_proto::nbd::TlsMode::Off);
     let d = ConnCaps::default();
     let total = f.max_connections.unwrap_or(d.total);
     let cap = |key: &str, v: usize| {
@@ -759,7 +764,8 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             return Err(format!("{key} must be in 1..={}, got {mb}", crate::budget::MAX_INFLIGHT_MB));
         }
     }
-    let (idle_timeout, stall_timeout) = crate::config::conn_timeouts(f.idle_timeout_s, f.stall_timeout_s)?;
+    let (idle_timeout, stall_timeout) =
+        crate::config::conn_timeouts(f.idle_timeout_s, f.stall_timeout_s).map_err(|e| e.to_string())?;
     let shutdown_timeout = if f.shutdown_timeout_s == 0.0 {
         Duration::ZERO
     } else {
@@ -934,7 +940,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
                 rein_proto::nbd::MAX_NAME_LEN
             ));
         }
-        let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
+        let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities).map_err(|e| e.to_string())?;
         let read_only = e.read_only;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access, read_only });
     }

@@ -270,11 +270,10 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     let admin = f.admin.as_deref().map(|a| addr("admin", a)).transpose()?;
     // One port for both passed --check-config and failed the start with "Address already in use".
     if let Some(admin) = admin {
-        crate::config::distinct_fronts("the pShift link", listen, admin)?;
+        crate::config::distinct_fronts("the pShift link", listen, admin).map_err(|e| e.to_string())?;
     }
     let networks = f.allow_networks.clone().or_else(|| Some(DEFAULT_NETWORKS.iter().map(|n| n.to_string()).collect()));
-    let access = crate::config::parse_access("controller", &networks, &f.allow_identities)
-        .map_err(|e| e.replacen("export controller: ", "", 1))?;
+    let access = crate::config::access_lists(&networks, &f.allow_identities).map_err(|e| e.to_string())?;
     let tls = match &f.tls {
         None if f.allow_identities.is_some() => {
             return Err(

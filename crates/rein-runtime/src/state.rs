@@ -315,7 +315,8 @@ impl ExportJson {
             .checked_mul(1 << 20)
             .filter(|&s| s <= crate::config::MAX_EXPORT_BYTES)
             .ok_or_else(|| format!("export {name}: size_mb must be in 1..=2^30"))?;
-        crate::config::file_only_settings(name, &self.backend, self.direct, self.readahead)?;
+        crate::config::file_only_settings(name, &self.backend, self.direct, self.readahead)
+            .map_err(|e| e.to_string())?;
         let backend = match self.backend.as_str() {
             "file" => {
                 let p = self.path.clone().unwrap_or_else(|| PathBuf::from(format!("{name}.img")));
@@ -380,7 +381,8 @@ impl ExportJson {
             .position(|t| t.name == self.tenant)
             .ok_or_else(|| format!("export {name}: unknown tenant {:?}", self.tenant))?;
         let size = (size > 0).then_some(size);
-        let access = crate::config::parse_access(name, &self.allow_networks, &self.allow_identities)?;
+        let access = crate::config::parse_access(name, &self.allow_networks, &self.allow_identities)
+            .map_err(|e| e.to_string())?;
         Ok(ExportConfig {
             name: name.clone(),
             backend,
