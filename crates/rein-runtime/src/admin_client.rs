@@ -87,7 +87,8 @@ impl AdminEndpoint {
             b.set_ca_file(ca).map_err(|e| format!("--admin-ca {}: not a readable PEM CA file: {e}", ca.display()))?;
         }
         if let Some((cert, key)) = cert {
-            let _expiry = crate::tls::set_identity(&mut b, crate::tls::Naming::Flags("admin"), cert, key)?;
+            let _expiry = crate::tls::set_identity(&mut b, crate::tls::Naming::Flags("admin"), cert, key)
+                .map_err(|e| e.to_string())?;
         }
         Ok(AdminEndpoint { addr, tls: Some(b.build()) })
     }

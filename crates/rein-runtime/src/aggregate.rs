@@ -162,7 +162,8 @@ impl RecordKey {
         identity: Option<&str>,
         identity_key: &str,
     ) -> Result<RecordKey, String> {
-        let (id, key) = crate::tls::read_psk_identity(path, key_name, identity, identity_key)?;
+        let (id, key) =
+            crate::tls::read_psk_identity(path, key_name, identity, identity_key).map_err(|e| e.to_string())?;
         RecordKey::new(&id, &key).map_err(|e| format!("{key_name} {}: {e}", path.display()))
     }
 

@@ -106,7 +106,7 @@
 use crate::access::{ConnCaps, ExportAccess};
 use crate::devmodel::DeviceConfig;
 use crate::dispatch::IoEngine;
-use crate::tls::{TlsConfig, TlsFiles};
+use crate::tls::{CredentialError, TlsConfig, TlsFiles};
 use rein_core::{QosSpec, SchedConfig, SchedulerKind, SpecError};
 use rein_model::device::{ArrayParams, CapacityStep, DeviceError, DeviceParams, DiskParams};
 use rein_model::sched_settings::{
@@ -303,7 +303,7 @@ pub enum SettingError {
     },
     /// `[tls]`'s credentials cannot be read or do not fit together; the message names the key.
     #[error("{0}")]
-    Tls(String),
+    Tls(Box<CredentialError>),
     /// `admin_tls = true` with a `[tls]` that has only a PSK file.
     #[error(
         "admin_tls = true needs tls.cert and tls.key: [tls] has only a psk_file, and HTTPS clients (curl, \
@@ -341,7 +341,7 @@ pub enum SettingError {
     },
     /// `[pshift.tls]` is refused; the message names the key.
     #[error("{0}")]
-    PshiftTls(String),
+    PshiftTls(Box<CredentialError>),
     /// One of `pshift.controller` and `pshift.name` without the other.
     #[error("pshift.controller and pshift.name go together (neither: plain round robin)")]
     PshiftControllerWithoutName,
@@ -1230,7 +1230,7 @@ pub(crate) fn tls_config(t: &TlsFile, base: &Path) -> Result<TlsConfig, SettingE
         psk_file: path(&t.psk_file),
         crl: path(&t.crl),
     };
-    TlsConfig::build(mode, files).map_err(SettingError::Tls)
+    TlsConfig::build(mode, files).map_err(|e| SettingError::Tls(Box::new(e)))
 }
 
 /// `admin_tls`: the `[tls]` context if it has a certificate. An HTTPS client (curl, a browser, a
@@ -1486,7 +1486,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, Setting
                         None => None,
                         Some(t) => {
                             let client = crate::tls::LiveTlsClient::new(
-                                t.build(base, "pshift.tls").map_err(SettingError::PshiftTls)?,
+                                t.build(base, "pshift.tls").map_err(|e| SettingError::PshiftTls(Box::new(e)))?,
                             );
                             let name = t.name.clone().unwrap_or_else(|| controller.ip().to_string());
                             Some((client, name))
@@ -1917,6 +1917,12 @@ mod tests {
         assert!(matches!(e, SettingError::PshiftScheduler { got: SchedulerKind::Fifo }), "{e:?}");
         let e = invalid(&format!("[device_model]\ncapacity_iops = 1000\nservice_scale = {{ b = 1.5 }}{a}"));
         assert!(matches!(&e, SettingError::ServiceScaleTenant { tenant } if tenant == "b"), "{e:?}");
+        // [tls]: the word of the mode, then the credentials' own typed refusal.
+        let e = invalid(&format!("[tls]\nmode = \"always\"{a}"));
+        assert!(matches!(&e, SettingError::Choice { key: "tls.mode", got, .. } if got == "always"), "{e:?}");
+        let e = invalid(&format!("[tls]\nmode = \"require\"{a}"));
+        assert!(matches!(&e, SettingError::Tls(t) if matches!(**t, CredentialError::NoServerCredentials)), "{e:?}");
+        assert_eq!(e.to_string(), "tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file");
         // The one "config: " of ConfigError, no more.
         let e = ServerConfig::parse(&format!("max_request_kb = 0{a}"), Path::new("x.toml")).unwrap_err().to_string();
         assert_eq!(e, "config: max_request_kb must be in 1..=131072, got 0");

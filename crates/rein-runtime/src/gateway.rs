@@ -787,7 +787,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             return Err("node_tls.name: a gateway names each node's certificate in [[nodes]] tls_name".into())
         }
         // One context for every node, which a reload replaces for all of them at once.
-        Some(t) => Some(crate::tls::LiveTlsClient::new(t.build(base, "node_tls")?)),
+        Some(t) => Some(crate::tls::LiveTlsClient::new(t.build(base, "node_tls").map_err(|e| e.to_string())?)),
     };
     let mut nodes: Vec<NodeSpec> = Vec::new();
     for n in &f.nodes {

@@ -406,7 +406,13 @@ pub fn psk_file(data: &[u8]) {
     let keys = match tls::parse_psk_file(text, Path::new("fuzz.psk")) {
         Ok(keys) => keys,
         Err(e) => {
-            assert!(e.contains("fuzz.psk"), "a refusal that does not name the file: {e}");
+            let named = match &e {
+                tls::CredentialError::PskLine { path, .. } | tls::CredentialError::File { path, .. } => {
+                    path == Path::new("fuzz.psk")
+                }
+                _ => false,
+            };
+            assert!(named && e.to_string().contains("fuzz.psk"), "a refusal that does not name the file: {e}");
             return;
         }
     };

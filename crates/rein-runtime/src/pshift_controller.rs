@@ -291,7 +291,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
                 psk_file: path(&t.psk_file),
                 crl: path(&t.crl),
             };
-            Some(crate::tls::TlsConfig::build(rein_proto::nbd::TlsMode::Require, files)?)
+            Some(crate::tls::TlsConfig::build(rein_proto::nbd::TlsMode::Require, files).map_err(|e| e.to_string())?)
         }
     };
     let admin_access = crate::admin_guard::AdminAccess::new(

@@ -200,15 +200,235 @@ pub struct TlsFiles {
     pub crl: Option<PathBuf>,
 }
 
+/// Why TLS credentials (a server's `[tls]`, a client's table such as `[node_tls]`, or the command line's
+/// `--tls-*` flags) were refused: the setting as the caller names it, the file, and what is wrong. Each
+/// message names the setting once.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialError {
+    /// A credential file (named by its setting, `key`) cannot be read, parsed or used.
+    #[error("{key} {}: {problem}", path.display())]
+    File {
+        /// The setting that names it (`tls.cert`, `node_tls.ca`, `--tls-ca`).
+        key: String,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: FileProblem,
+    },
+    /// A line of a PSK file is refused.
+    #[error("{key} {} line {line}: {problem}", path.display())]
+    PskLine {
+        /// The setting that names the file.
+        key: String,
+        /// The file.
+        path: PathBuf,
+        /// The line's number, from 1.
+        line: usize,
+        /// What is wrong with the line.
+        problem: PskLineProblem,
+    },
+    /// A private key that does not match the certificate it is given with.
+    #[error("{key_setting} {} does not match the certificate in {cert_setting} {}", key.display(), cert.display())]
+    KeyMismatch {
+        /// The key's setting (`tls.key`).
+        key_setting: String,
+        /// The key's file.
+        key: PathBuf,
+        /// The certificate's setting (`tls.cert`).
+        cert_setting: String,
+        /// The certificate's file.
+        cert: PathBuf,
+    },
+    /// The PSK identity asked for is not in the file.
+    #[error("{identity_setting} {identity:?} is not in {file_setting} {}", path.display())]
+    UnknownPskIdentity {
+        /// The setting that names the identity (`node_tls.psk_identity`).
+        identity_setting: String,
+        /// The identity asked for.
+        identity: String,
+        /// The setting that names the file.
+        file_setting: String,
+        /// The file.
+        path: PathBuf,
+    },
+    /// A PSK file of several identities, and none named.
+    #[error("{file_setting} {} has {identities} identities: name one with {identity_setting}", path.display())]
+    PskIdentityNeeded {
+        /// The setting that names the file.
+        file_setting: String,
+        /// The file.
+        path: PathBuf,
+        /// How many identities it holds.
+        identities: usize,
+        /// The setting that would name one.
+        identity_setting: String,
+    },
+    /// A setting given without the one it goes with (`tls.cert needs tls.key`).
+    #[error("{setting} needs {needs}")]
+    Needs {
+        /// The setting given.
+        setting: String,
+        /// The setting it needs.
+        needs: String,
+    },
+    /// OpenSSL refused a step of setting the context up.
+    #[error("{group}: {step}{error}")]
+    Context {
+        /// The settings' group (`tls`, `node_tls`, `--tls-*`).
+        group: String,
+        /// The step, as the message says it (`cipher list: `; empty for the certificate store).
+        step: &'static str,
+        /// OpenSSL's errors.
+        error: openssl::error::ErrorStack,
+    },
+    /// A server's `[tls]` on or required with no credentials.
+    #[error("tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file")]
+    NoServerCredentials,
+    /// A server's `crl` without `ca`.
+    #[error("tls.crl needs tls.ca: it revokes client certificates, which only tls.ca asks for")]
+    ServerCrlWithoutCa,
+    /// A client's `crl` without `ca` (with `psk_file`).
+    #[error("{} needs {}: it revokes server certificates, which only {} checks", names.key("crl"), names.key("ca"), names.key("ca"))]
+    ClientCrlWithoutCa {
+        /// How the settings are named.
+        names: Naming,
+    },
+    /// A client's `cert` or `key` with `psk_file`.
+    #[error(
+        "{} and {} go with {} (x509), not with {}",
+        names.key("cert"), names.key("key"), names.key("ca"), names.key("psk_file")
+    )]
+    ClientCertWithPsk {
+        /// How the settings are named.
+        names: Naming,
+    },
+    /// A client's `ca` and `psk_file` both.
+    #[error("{}: give {} (x509) or {} (PSK), not both", names.group(), names.key("ca"), names.key("psk_file"))]
+    ClientCaAndPsk {
+        /// How the settings are named.
+        names: Naming,
+    },
+    /// A client's table with neither `ca` nor `psk_file`.
+    #[error(
+        "{} needs {} (x509: the CA of the servers' certificates) or {}",
+        names.group(), names.key("ca"), names.key("psk_file")
+    )]
+    ClientNoCredentials {
+        /// How the settings are named.
+        names: Naming,
+    },
+}
+
+/// What is wrong with a credential file ([`CredentialError::File`] names the setting and the file).
+#[derive(Debug, thiserror::Error)]
+pub enum FileProblem {
+    /// It cannot be opened or read.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// It is longer than `max` bytes.
+    #[error("larger than {max} bytes")]
+    TooLarge {
+        /// The longest file read ([`MAX_FILE_BYTES`]).
+        max: u64,
+    },
+    /// It is not UTF-8 text (a PSK file).
+    #[error("not UTF-8 text")]
+    NotUtf8,
+    /// It is not PEM text (a CRL file).
+    #[error("not PEM text")]
+    NotPemText,
+    /// It does not parse as PEM certificates.
+    #[error("not a PEM certificate: {0}")]
+    NotPemCertificate(openssl::error::ErrorStack),
+    /// It holds no certificate.
+    #[error("no certificate in it")]
+    NoCertificate,
+    /// It does not parse as a PEM private key.
+    #[error("not a PEM private key: {0}")]
+    NotPemKey(openssl::error::ErrorStack),
+    /// OpenSSL refused what it holds (a certificate of a chain, a CA, a key).
+    #[error("{0}")]
+    Refused(openssl::error::ErrorStack),
+    /// A CRL's BEGIN line without its END line.
+    #[error("a CRL without its -----END X509 CRL----- line")]
+    UnterminatedCrl,
+    /// A CRL block that does not parse.
+    #[error("not a PEM CRL: {0}")]
+    NotPemCrl(openssl::error::ErrorStack),
+    /// A CRL that no CA of the `ca` file signed.
+    #[error(
+        "the CRL of {issuer} is not signed by a CA of {ca_setting} {} (a CRL no configured CA signed could revoke \
+         anyone)",
+        ca.display()
+    )]
+    CrlNotSigned {
+        /// The CRL's issuer.
+        issuer: String,
+        /// The `ca` setting.
+        ca_setting: String,
+        /// The `ca` file.
+        ca: PathBuf,
+    },
+    /// No CRL in a CRL file.
+    #[error("no CRL in it (a -----BEGIN X509 CRL----- block)")]
+    NoCrl,
+    /// No identity in a PSK file.
+    #[error("no identity in it")]
+    NoPskIdentity,
+}
+
+/// What is wrong with a line of a PSK file ([`CredentialError::PskLine`] names the file and the line).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PskLineProblem {
+    /// No `:`.
+    #[error("expected identity:hexkey")]
+    Syntax,
+    /// An identity empty or longer than `max` bytes.
+    #[error("the identity must have 1..={max} bytes")]
+    IdentityLength {
+        /// The longest identity ([`MAX_IDENTITY_BYTES`]).
+        max: usize,
+    },
+    /// A key that is not hexadecimal digits.
+    #[error("the key is not hexadecimal")]
+    NotHex,
+    /// A key empty or longer than `max` bytes.
+    #[error("the key must have 1..={max} bytes")]
+    KeyLength {
+        /// The longest key ([`MAX_PSK_BYTES`]).
+        max: usize,
+    },
+    /// An identity of an earlier line.
+    #[error("identity {identity:?} is repeated")]
+    Repeated {
+        /// The identity.
+        identity: String,
+    },
+    /// More than `max` identities in the file.
+    #[error("more than {max} identities")]
+    TooMany {
+        /// The most identities a file may hold ([`MAX_PSK_IDENTITIES`]).
+        max: usize,
+    },
+}
+
+impl CredentialError {
+    /// A [`CredentialError::File`] for the file `path` named by `key`.
+    fn file(key: &str, path: &Path, problem: FileProblem) -> CredentialError {
+        CredentialError::File { key: key.to_string(), path: path.to_path_buf(), problem }
+    }
+}
+
 /// Reads a credential file named by the key `key` (`tls.cert`, `node_tls.ca`, ...), at most
 /// [`MAX_FILE_BYTES`]; errors name the key and the file.
-fn read(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+fn read(key: &str, path: &Path) -> Result<Vec<u8>, CredentialError> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("{key} {}: {e}", path.display()))?;
+    let io = |e| CredentialError::file(key, path, FileProblem::Io(e));
+    let file = std::fs::File::open(path).map_err(io)?;
     let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{key} {}: {e}", path.display()))?;
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("{key} {}: larger than {MAX_FILE_BYTES} bytes", path.display()));
+        return Err(CredentialError::file(key, path, FileProblem::TooLarge { max: MAX_FILE_BYTES }));
     }
     Ok(bytes)
 }
@@ -216,7 +436,7 @@ fn read(key: &str, path: &Path) -> Result<Vec<u8>, String> {
 /// [`read`] for a secret (a private key, a PSK file), warning once per read (so once per load: at start,
 /// at each reload) if every local user may read or write it ([`exposed`]); the file is read all the same
 /// (module comment, "Secret files").
-fn read_secret(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+fn read_secret(key: &str, path: &Path) -> Result<Vec<u8>, CredentialError> {
     let bytes = read(key, path)?;
     if let Some(w) = exposed(key, path) {
         tracing::warn!("{w}");
@@ -251,7 +471,7 @@ fn digest(paths: &[&Option<PathBuf>]) -> u64 {
         if let Some(p) = p {
             match read("", p) {
                 Ok(bytes) => bytes.hash(&mut h),
-                Err(e) => e.hash(&mut h),
+                Err(e) => e.to_string().hash(&mut h),
             }
         }
     }
@@ -453,38 +673,39 @@ impl<C: HeldContext + fmt::Debug> fmt::Debug for LiveTls<C> {
 }
 
 /// Parses a `psk_file` (`identity:hexkey` per line); errors give the line number.
-pub fn parse_psk_file(text: &str, path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
+pub fn parse_psk_file(text: &str, path: &Path) -> Result<HashMap<String, Vec<u8>>, CredentialError> {
     parse_psk_lines(text, "tls.psk_file", path)
 }
 
 /// [`parse_psk_file`] for the file named by the key `key`.
-fn parse_psk_lines(text: &str, key: &str, path: &Path) -> Result<HashMap<String, Vec<u8>>, String> {
+fn parse_psk_lines(text: &str, key: &str, path: &Path) -> Result<HashMap<String, Vec<u8>>, CredentialError> {
     let mut keys = HashMap::new();
     for (n, line) in text.lines().enumerate() {
-        let at = || format!("{key} {} line {}", path.display(), n + 1);
+        let at =
+            |problem| CredentialError::PskLine { key: key.to_string(), path: path.to_path_buf(), line: n + 1, problem };
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
             continue;
         }
         let Some((identity, hex)) = line.rsplit_once(':') else {
-            return Err(format!("{}: expected identity:hexkey", at()));
+            return Err(at(PskLineProblem::Syntax));
         };
         if identity.is_empty() || identity.len() > MAX_IDENTITY_BYTES {
-            return Err(format!("{}: the identity must have 1..={MAX_IDENTITY_BYTES} bytes", at()));
+            return Err(at(PskLineProblem::IdentityLength { max: MAX_IDENTITY_BYTES }));
         }
-        let key = decode_hex(hex.trim()).ok_or_else(|| format!("{}: the key is not hexadecimal", at()))?;
-        if key.is_empty() || key.len() > MAX_PSK_BYTES {
-            return Err(format!("{}: the key must have 1..={MAX_PSK_BYTES} bytes", at()));
+        let psk = decode_hex(hex.trim()).ok_or_else(|| at(PskLineProblem::NotHex))?;
+        if psk.is_empty() || psk.len() > MAX_PSK_BYTES {
+            return Err(at(PskLineProblem::KeyLength { max: MAX_PSK_BYTES }));
         }
-        if keys.insert(identity.to_string(), key).is_some() {
-            return Err(format!("{}: identity {identity:?} is repeated", at()));
+        if keys.insert(identity.to_string(), psk).is_some() {
+            return Err(at(PskLineProblem::Repeated { identity: identity.to_string() }));
         }
         if keys.len() > MAX_PSK_IDENTITIES {
-            return Err(format!("{}: more than {MAX_PSK_IDENTITIES} identities", at()));
+            return Err(at(PskLineProblem::TooMany { max: MAX_PSK_IDENTITIES }));
         }
     }
     if keys.is_empty() {
-        return Err(format!("{key} {}: no identity in it", path.display()));
+        return Err(CredentialError::file(key, path, FileProblem::NoPskIdentity));
     }
     Ok(keys)
 }
@@ -497,21 +718,25 @@ pub fn read_psk_identity(
     key_name: &str,
     identity: Option<&str>,
     identity_key: &str,
-) -> Result<(String, Vec<u8>), String> {
+) -> Result<(String, Vec<u8>), CredentialError> {
     let text = String::from_utf8(read_secret(key_name, path)?)
-        .map_err(|_| format!("{key_name} {}: not UTF-8 text", path.display()))?;
+        .map_err(|_| CredentialError::file(key_name, path, FileProblem::NotUtf8))?;
     let keys = parse_psk_lines(&text, key_name, path)?;
     let (id, key) = match identity {
-        Some(id) => keys
-            .get_key_value(id)
-            .ok_or_else(|| format!("{identity_key} {id:?} is not in {key_name} {}", path.display()))?,
+        Some(id) => keys.get_key_value(id).ok_or_else(|| CredentialError::UnknownPskIdentity {
+            identity_setting: identity_key.to_string(),
+            identity: id.to_string(),
+            file_setting: key_name.to_string(),
+            path: path.to_path_buf(),
+        })?,
         None if keys.len() == 1 => keys.iter().next().expect("one"),
         None => {
-            return Err(format!(
-                "{key_name} {} has {} identities: name one with {identity_key}",
-                path.display(),
-                keys.len()
-            ))
+            return Err(CredentialError::PskIdentityNeeded {
+                file_setting: key_name.to_string(),
+                path: path.to_path_buf(),
+                identities: keys.len(),
+                identity_setting: identity_key.to_string(),
+            })
         }
     };
     Ok((id.clone(), key.clone()))
@@ -544,7 +769,7 @@ impl Naming {
         }
     }
     /// The settings as a group, for errors about their combination.
-    fn group(self) -> String {
+    pub fn group(self) -> String {
         match self {
             Naming::Table(t) => t.to_string(),
             Naming::Flags(p) => format!("--{p}-*"),
@@ -560,23 +785,28 @@ pub(crate) fn set_identity(
     names: Naming,
     cert: &Path,
     key: &Path,
-) -> Result<Option<i64>, String> {
+) -> Result<Option<i64>, CredentialError> {
     let (kc, kk) = (names.key("cert"), names.key("key"));
-    let chain = X509::stack_from_pem(&read(&kc, cert)?)
-        .map_err(|e| format!("{kc} {}: not a PEM certificate: {e}", cert.display()))?;
+    let on_cert = |problem| CredentialError::file(&kc, cert, problem);
+    let chain = X509::stack_from_pem(&read(&kc, cert)?).map_err(|e| on_cert(FileProblem::NotPemCertificate(e)))?;
     let mut chain = chain.into_iter();
-    let leaf = chain.next().ok_or_else(|| format!("{kc} {}: no certificate in it", cert.display()))?;
-    b.set_certificate(&leaf).map_err(|e| format!("{kc} {}: {e}", cert.display()))?;
+    let leaf = chain.next().ok_or_else(|| on_cert(FileProblem::NoCertificate))?;
+    b.set_certificate(&leaf).map_err(|e| on_cert(FileProblem::Refused(e)))?;
     for c in chain {
-        b.add_extra_chain_cert(c).map_err(|e| format!("{kc} {}: {e}", cert.display()))?;
+        b.add_extra_chain_cert(c).map_err(|e| on_cert(FileProblem::Refused(e)))?;
     }
-    let pkey = PKey::private_key_from_pem(&read_secret(&kk, key)?)
-        .map_err(|e| format!("{kk} {}: not a PEM private key: {e}", key.display()))?;
-    let mismatch = || format!("{kk} {} does not match the certificate in {kc} {}", key.display(), cert.display());
+    let on_key = |problem| CredentialError::file(&kk, key, problem);
+    let pkey = PKey::private_key_from_pem(&read_secret(&kk, key)?).map_err(|e| on_key(FileProblem::NotPemKey(e)))?;
+    let mismatch = || CredentialError::KeyMismatch {
+        key_setting: kk.clone(),
+        key: key.to_path_buf(),
+        cert_setting: kc.clone(),
+        cert: cert.to_path_buf(),
+    };
     if !leaf.public_key().is_ok_and(|public| public.public_eq(&pkey)) {
         return Err(mismatch());
     }
-    b.set_private_key(&pkey).map_err(|e| format!("{kk} {}: {e}", key.display()))?;
+    b.set_private_key(&pkey).map_err(|e| on_key(FileProblem::Refused(e)))?;
     b.check_private_key().map_err(|_| mismatch())?;
     Ok(unix_time(leaf.not_after()))
 }
@@ -660,11 +890,11 @@ impl Presented {
 }
 
 /// Reads the PEM certificates of a `ca` file (at least one).
-fn read_ca(key: &str, ca: &Path) -> Result<Vec<X509>, String> {
+fn read_ca(key: &str, ca: &Path) -> Result<Vec<X509>, CredentialError> {
     let certs = X509::stack_from_pem(&read(key, ca)?)
-        .map_err(|e| format!("{key} {}: not a PEM certificate: {e}", ca.display()))?;
+        .map_err(|e| CredentialError::file(key, ca, FileProblem::NotPemCertificate(e)))?;
     if certs.is_empty() {
-        return Err(format!("{key} {}: no certificate in it", ca.display()));
+        return Err(CredentialError::file(key, ca, FileProblem::NoCertificate));
     }
     Ok(certs)
 }
@@ -673,38 +903,41 @@ fn read_ca(key: &str, ca: &Path) -> Result<Vec<X509>, String> {
 /// the `ca` file `ca_path`): a CRL no configured CA vouches for could revoke anyone. Errors name the
 /// files and the CRL's issuer.
 /// `names` names the settings (`tls.crl`, `node_tls.crl`, `--tls-crl`).
-fn read_crls(names: Naming, path: &Path, cas: &[X509], ca_path: &Path) -> Result<Vec<openssl::x509::X509Crl>, String> {
+fn read_crls(
+    names: Naming,
+    path: &Path,
+    cas: &[X509],
+    ca_path: &Path,
+) -> Result<Vec<openssl::x509::X509Crl>, CredentialError> {
     let key = names.key("crl");
-    let at = |what: String| format!("{key} {}: {what}", path.display());
+    let at = |problem| CredentialError::file(&key, path, problem);
     let bytes = read(&key, path)?;
-    let text = String::from_utf8(bytes).map_err(|_| at("not PEM text".into()))?;
+    let text = String::from_utf8(bytes).map_err(|_| at(FileProblem::NotPemText))?;
     const BEGIN: &str = "-----BEGIN X509 CRL-----";
     const END: &str = "-----END X509 CRL-----";
     let mut crls = Vec::new();
     let mut rest = text.as_str();
     while let Some(start) = rest.find(BEGIN) {
-        let end =
-            rest[start..].find(END).ok_or_else(|| at(format!("a CRL without its {END} line")))? + start + END.len();
+        let end = rest[start..].find(END).ok_or_else(|| at(FileProblem::UnterminatedCrl))? + start + END.len();
         let crl = openssl::x509::X509Crl::from_pem(&rest.as_bytes()[start..end])
-            .map_err(|e| at(format!("not a PEM CRL: {e}")))?;
+            .map_err(|e| at(FileProblem::NotPemCrl(e)))?;
         let issuer = name_of(crl.issuer_name());
         let signed = cas.iter().any(|ca| {
             ca.subject_name().try_cmp(crl.issuer_name()).is_ok_and(|o| o.is_eq())
                 && ca.public_key().is_ok_and(|k| crl.verify(&k).unwrap_or(false))
         });
         if !signed {
-            return Err(at(format!(
-                "the CRL of {issuer} is not signed by a CA of {} {} (a CRL no configured CA signed could revoke \
-                 anyone)",
-                names.key("ca"),
-                ca_path.display()
-            )));
+            return Err(at(FileProblem::CrlNotSigned {
+                issuer,
+                ca_setting: names.key("ca"),
+                ca: ca_path.to_path_buf(),
+            }));
         }
         crls.push(crl);
         rest = &rest[end..];
     }
     if crls.is_empty() {
-        return Err(at(format!("no CRL in it (a {BEGIN} block)")));
+        return Err(at(FileProblem::NoCrl));
     }
     Ok(crls)
 }
@@ -774,43 +1007,49 @@ impl TlsConfig {
     /// an unreadable or unparsable file, a key that does not match the certificate, a bad PSK line (with
     /// its number), `cert` without `key` or the reverse, and a mode other than off with neither `cert`
     /// nor `psk_file`.
-    pub fn build(mode: TlsMode, files: TlsFiles) -> Result<TlsConfig, String> {
+    pub fn build(mode: TlsMode, files: TlsFiles) -> Result<TlsConfig, CredentialError> {
         if mode != TlsMode::Off && files.cert.is_none() && files.psk_file.is_none() {
-            return Err("tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file".into());
+            return Err(CredentialError::NoServerCredentials);
         }
         let digest = digest(&[&files.cert, &files.key, &files.ca, &files.psk_file, &files.crl]);
+        let step = |step| move |error| CredentialError::Context { group: "tls".into(), step, error };
         let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server())
-            .map_err(|e| format!("tls: cannot create the TLS context: {e}"))?;
-        b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("tls: cipher list: {e}"))?;
+            .map_err(step("cannot create the TLS context: "))?;
+        b.set_cipher_list(CIPHERS_1_2).map_err(step("cipher list: "))?;
         // SHA-256 suites first: a PSK from the callback is bound to SHA-256, and a server that prefers
         // TLS_AES_256_GCM_SHA384 would drop the client's PSK and ask a PSK-only client for a certificate.
-        b.set_ciphersuites(SUITES_1_3).map_err(|e| format!("tls: TLS 1.3 suites: {e}"))?;
+        b.set_ciphersuites(SUITES_1_3).map_err(step("TLS 1.3 suites: "))?;
         b.set_options(SslOptions::CIPHER_SERVER_PREFERENCE);
         // OpenSSL takes a TLS 1.3 PSK from the callback as a session to resume, and refuses to resume
         // one without a session id context when client certificates are verified (`ca`): without this,
         // every PSK client of a server with both `ca` and `psk_file` failed ("session id context
         // uninitialized").
-        b.set_session_id_context(b"rein-nbd").map_err(|e| format!("tls: session id context: {e}"))?;
+        b.set_session_id_context(b"rein-nbd").map_err(step("session id context: "))?;
         // No resumption of a certificate session: a resumed one skips verification, so it has no verified
         // chain, and a reload revoking its client's CA could not tell it (its connection stayed open).
         // Connections are long-lived; a full handshake each costs nothing that matters. External PSKs do
         // not use tickets or the cache. Test: rein's `a_saved_tls_session_is_not_resumed` (s_client
         // -sess_out, then -sess_in, over TLS 1.2 and 1.3).
-        b.set_num_tickets(0).map_err(|e| format!("tls: session tickets: {e}"))?;
+        b.set_num_tickets(0).map_err(step("session tickets: "))?;
         b.set_session_cache_mode(openssl::ssl::SslSessionCacheMode::OFF);
         b.set_options(SslOptions::NO_TICKET);
         let not_after = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => set_identity(&mut b, Naming::Table("tls"), cert, key)?,
-            (Some(_), None) => return Err("tls.cert needs tls.key".into()),
-            (None, Some(_)) => return Err("tls.key needs tls.cert".into()),
+            (Some(_), None) => {
+                return Err(CredentialError::Needs { setting: "tls.cert".into(), needs: "tls.key".into() })
+            }
+            (None, Some(_)) => {
+                return Err(CredentialError::Needs { setting: "tls.key".into(), needs: "tls.cert".into() })
+            }
             (None, None) => None,
         };
         let mut crl_lists = Arc::new(Vec::new());
         if let Some(ca) = &files.ca {
             let cas = read_ca("tls.ca", ca)?;
+            let refused = |e| CredentialError::file("tls.ca", ca, FileProblem::Refused(e));
             for c in &cas {
-                b.add_client_ca(c).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
-                b.cert_store_mut().add_cert(c.clone()).map_err(|e| format!("tls.ca {}: {e}", ca.display()))?;
+                b.add_client_ca(c).map_err(refused)?;
+                b.cert_store_mut().add_cert(c.clone()).map_err(refused)?;
             }
             let verify = SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT;
             match &files.crl {
@@ -822,13 +1061,13 @@ impl TlsConfig {
                 }
             }
         } else if files.crl.is_some() {
-            return Err("tls.crl needs tls.ca: it revokes client certificates, which only tls.ca asks for".into());
+            return Err(CredentialError::ServerCrlWithoutCa);
         }
         let mut psk = None;
         let mut psk_identities = None;
         if let Some(path) = &files.psk_file {
             let text = String::from_utf8(read_secret("tls.psk_file", path)?)
-                .map_err(|_| format!("tls.psk_file {}: not UTF-8 text", path.display()))?;
+                .map_err(|_| CredentialError::file("tls.psk_file", path, FileProblem::NotUtf8))?;
             let keys = parse_psk_file(&text, path)?;
             psk = Some((path.clone(), keys.len()));
             psk_identities = Some(Arc::new(keys.keys().cloned().collect()));
@@ -1005,7 +1244,7 @@ pub struct ClientTlsTable {
 
 impl ClientTlsTable {
     /// The client context, its files resolved against `base`; errors name the table `table`.
-    pub fn build(&self, base: &Path, table: &'static str) -> Result<TlsClient, String> {
+    pub fn build(&self, base: &Path, table: &'static str) -> Result<TlsClient, CredentialError> {
         let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
         let files = TlsClientFiles {
             ca: path(&self.ca),
@@ -1078,16 +1317,16 @@ impl fmt::Debug for TlsClient {
 impl TlsClient {
     /// Reads and checks the credentials and builds the context; errors name the settings as `names` says
     /// (`node_tls.ca`, `--tls-ca`) and the file.
-    pub fn build(names: Naming, files: TlsClientFiles) -> Result<TlsClient, String> {
-        let table = names.group();
+    pub fn build(names: Naming, files: TlsClientFiles) -> Result<TlsClient, CredentialError> {
         let k = |s: &str| names.key(s);
+        let needs = |setting: &str, needs: &str| CredentialError::Needs { setting: k(setting), needs: k(needs) };
         let digest = digest(&[&files.ca, &files.cert, &files.key, &files.psk_file, &files.crl]);
-        let mut b = SslConnector::builder(SslMethod::tls_client())
-            .map_err(|e| format!("{table}: cannot create the TLS context: {e}"))?;
-        b.set_cipher_list(CIPHERS_1_2).map_err(|e| format!("{table}: cipher list: {e}"))?;
-        b.set_ciphersuites(SUITES_1_3).map_err(|e| format!("{table}: TLS 1.3 suites: {e}"))?;
+        let step = |step| move |error| CredentialError::Context { group: names.group(), step, error };
+        let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(step("cannot create the TLS context: "))?;
+        b.set_cipher_list(CIPHERS_1_2).map_err(step("cipher list: "))?;
+        b.set_ciphersuites(SUITES_1_3).map_err(step("TLS 1.3 suites: "))?;
         // Only the configured CA: a node's certificate signed by any public root must not pass.
-        let mut store = X509StoreBuilder::new().map_err(|e| format!("{table}: {e}"))?;
+        let mut store = X509StoreBuilder::new().map_err(step(""))?;
         let mut psk_identity = None;
         let mut not_after = None;
         let mut crls = Vec::new();
@@ -1098,35 +1337,24 @@ impl TlsClient {
                     crls = read_crls(names, crl, &cas, ca)?;
                 }
                 for c in cas {
-                    store.add_cert(c).map_err(|e| format!("{} {}: {e}", k("ca"), ca.display()))?;
+                    store.add_cert(c).map_err(|e| CredentialError::file(&k("ca"), ca, FileProblem::Refused(e)))?;
                 }
                 match (&files.cert, &files.key) {
                     (Some(cert), Some(key)) => not_after = set_identity(&mut b, names, cert, key)?,
-                    (Some(_), None) => return Err(format!("{} needs {}", k("cert"), k("key"))),
-                    (None, Some(_)) => return Err(format!("{} needs {}", k("key"), k("cert"))),
+                    (Some(_), None) => return Err(needs("cert", "key")),
+                    (None, Some(_)) => return Err(needs("key", "cert")),
                     (None, None) => {}
                 }
                 if files.psk_identity.is_some() {
-                    return Err(format!("{} needs {}", k("psk_identity"), k("psk_file")));
+                    return Err(needs("psk_identity", "psk_file"));
                 }
             }
             (None, Some(path)) => {
                 if files.crl.is_some() {
-                    return Err(format!(
-                        "{} needs {}: it revokes server certificates, which only {} checks",
-                        k("crl"),
-                        k("ca"),
-                        k("ca")
-                    ));
+                    return Err(CredentialError::ClientCrlWithoutCa { names });
                 }
                 if files.cert.is_some() || files.key.is_some() {
-                    return Err(format!(
-                        "{} and {} go with {} (x509), not with {}",
-                        k("cert"),
-                        k("key"),
-                        k("ca"),
-                        k("psk_file")
-                    ));
+                    return Err(CredentialError::ClientCertWithPsk { names });
                 }
                 let (identity, key) =
                     read_psk_identity(path, &k("psk_file"), files.psk_identity.as_deref(), &k("psk_identity"))?;
@@ -1143,16 +1371,8 @@ impl TlsClient {
                     Ok(key.len())
                 });
             }
-            (Some(_), Some(_)) => {
-                return Err(format!("{table}: give {} (x509) or {} (PSK), not both", k("ca"), k("psk_file")));
-            }
-            (None, None) => {
-                return Err(format!(
-                    "{table} needs {} (x509: the CA of the servers' certificates) or {}",
-                    k("ca"),
-                    k("psk_file")
-                ))
-            }
+            (Some(_), Some(_)) => return Err(CredentialError::ClientCaAndPsk { names }),
+            (None, None) => return Err(CredentialError::ClientNoCredentials { names }),
         }
         b.set_cert_store(store.build());
         let crls = Arc::new(crls);
@@ -1531,7 +1751,71 @@ mod tests {
     }
 
     fn parse(text: &str) -> Result<HashMap<String, Vec<u8>>, String> {
-        parse_psk_file(text, Path::new("keys.psk"))
+        parse_psk_file(text, Path::new("keys.psk")).map_err(|e| e.to_string())
+    }
+
+    /// The refusals are typed: the variant names the setting, the file and (for a PSK file) the line, and
+    /// what is wrong, with its bound; the messages are those of before.
+    #[test]
+    fn credential_errors_are_typed() {
+        let line = |text: &str| match parse_psk_file(text, Path::new("keys.psk")) {
+            Err(CredentialError::PskLine { key, path, line, problem }) => {
+                assert_eq!((key.as_str(), path.as_path()), ("tls.psk_file", Path::new("keys.psk")));
+                (line, problem)
+            }
+            other => panic!("not a line's refusal: {other:?}"),
+        };
+        assert_eq!(line("a:00\nb:0"), (2, PskLineProblem::NotHex));
+        assert_eq!(line(&format!("a:{}", "ab".repeat(MAX_PSK_BYTES + 1))), (1, PskLineProblem::KeyLength { max: 512 }));
+        assert_eq!(line("\n:00"), (2, PskLineProblem::IdentityLength { max: 128 }));
+        assert_eq!(line("a:00\na:01"), (2, PskLineProblem::Repeated { identity: "a".into() }));
+        let e = parse_psk_file("\n", Path::new("keys.psk")).unwrap_err();
+        assert!(
+            matches!(&e, CredentialError::File { key, problem: FileProblem::NoPskIdentity, .. } if key == "tls.psk_file"),
+            "{e:?}"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("missing.pem");
+        let files = TlsFiles { cert: Some(missing.clone()), key: Some(missing.clone()), ..TlsFiles::default() };
+        let e = TlsConfig::build(TlsMode::Require, files).unwrap_err();
+        assert!(
+            matches!(&e, CredentialError::File { key, path, problem: FileProblem::Io(io) }
+                if key == "tls.cert" && *path == missing && io.kind() == std::io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), format!("tls.cert {}: No such file or directory (os error 2)", missing.display()));
+        let junk = tmp.path().join("junk.pem");
+        std::fs::write(&junk, "not pem\n").unwrap();
+        let files = TlsFiles { ca: Some(junk.clone()), psk_file: Some(junk.clone()), ..TlsFiles::default() };
+        let e = TlsConfig::build(TlsMode::On, files).unwrap_err();
+        assert!(
+            matches!(&e, CredentialError::File { key, problem: FileProblem::NoCertificate, .. } if key == "tls.ca"),
+            "{e:?}"
+        );
+        let files = TlsFiles { key: Some(junk.clone()), psk_file: Some(junk.clone()), ..TlsFiles::default() };
+        let e = TlsConfig::build(TlsMode::On, files).unwrap_err();
+        assert!(matches!(&e, CredentialError::Needs { setting, needs } if setting == "tls.key" && needs == "tls.cert"));
+        // A client's refusals name its settings as the caller does: a table's keys, or flags.
+        let client = |names, files| TlsClient::build(names, files).unwrap_err();
+        let both = TlsClientFiles { ca: Some(junk.clone()), psk_file: Some(junk.clone()), ..Default::default() };
+        let e = client(Naming::Flags("tls"), both);
+        assert!(matches!(e, CredentialError::ClientCaAndPsk { names: Naming::Flags("tls") }), "{e:?}");
+        assert_eq!(e.to_string(), "--tls-*: give --tls-ca (x509) or --tls-psk-file (PSK), not both");
+        let crl = TlsClientFiles { psk_file: Some(junk.clone()), crl: Some(junk.clone()), ..Default::default() };
+        let e = client(Naming::Table("node_tls"), crl);
+        assert!(matches!(e, CredentialError::ClientCrlWithoutCa { names: Naming::Table("node_tls") }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "node_tls.crl needs node_tls.ca: it revokes server certificates, which only node_tls.ca checks"
+        );
+        let e = client(Naming::Table("node_tls"), TlsClientFiles::default());
+        assert_eq!(
+            e.to_string(),
+            "node_tls needs node_tls.ca (x509: the CA of the servers' certificates) or node_tls.psk_file"
+        );
+        let junk_ca = TlsClientFiles { ca: Some(junk.clone()), ..Default::default() };
+        let e = client(Naming::Table("node_tls"), junk_ca);
+        assert!(matches!(&e, CredentialError::File { key, .. } if key == "node_tls.ca"), "{e:?}");
     }
 
     #[test]
@@ -1610,9 +1894,10 @@ mod tests {
     #[test]
     fn modes_need_credentials() {
         let e = TlsConfig::build(TlsMode::Require, TlsFiles::default()).unwrap_err();
-        assert!(e.contains("needs tls.cert and tls.key, or tls.psk_file"), "{e}");
+        assert!(matches!(e, CredentialError::NoServerCredentials), "{e:?}");
+        assert!(e.to_string().contains("needs tls.cert and tls.key, or tls.psk_file"), "{e}");
         assert!(TlsConfig::build(TlsMode::Off, TlsFiles::default()).is_ok());
         let files = TlsFiles { cert: Some("c.pem".into()), ..TlsFiles::default() };
-        assert_eq!(TlsConfig::build(TlsMode::On, files).unwrap_err(), "tls.cert needs tls.key");
+        assert_eq!(TlsConfig::build(TlsMode::On, files).unwrap_err().to_string(), "tls.cert needs tls.key");
     }
 }
