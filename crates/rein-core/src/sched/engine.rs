@@ -77,7 +77,9 @@
 //! tenant keeps 2^126 of it, at the fastest virtual time the bounds allow (1 TB/s per byte, W = 0.001)
 //! 5.5 hours of the device. Why the ceiling is at 2^127: the 2^127 above it hold 2^14 of the largest
 //! increments, so no tag computed from values below it overflows, and a tenant's lead over `vnow` is at
-//! most `weight_lead_ios` (default 16) increments (invariant 8), under 2^117. A tenant exempt from that
+//! most `weight_lead_ios` (default 16) increments or that many times 4 ms of its reservation (invariant
+//! 8): under 2^117, and under 2^108 for the second (4 ms at [`MAX_RATE`] is 2^32 units, at 2^72 each
+//! at [`MIN_WEIGHT`]). A tenant exempt from that
 //! bound (a distributed one, or with `weight_lead_ios: None`) may lead by more than 2^127 and saturate:
 //! it sorts last, as it would anyway, and when it becomes the smallest P tag `vnow` reaches the ceiling
 //! and is renormalised. At the fastest virtual time above, a renormalisation comes every 5.5 hours (at
@@ -1289,6 +1291,36 @@ mod vtime {
         assert_eq!(p1.0 - p0.0, charged.times_step(step_for_rate(1.0)), "P: cost + Cost::MAX");
         assert_eq!(r1.0 - r0.0, charged.times_step(step_for_rate(10.0)), "R: cost + Cost::MAX");
         assert_eq!(l1.0 - l0.0, charged.times_step(step_for_rate(20.0)), "L: cost + Cost::MAX");
+    }
+
+    /// Invariant 8's bound, exactly where it binds and at the range's edge: a tenant served only in the
+    /// reservation phase (nothing else queued, so `vnow` stays at 0) leads `vnow` by at most 16 times the
+    /// larger of one own IO and 4 ms of its reservation: r = 1,000 IOPS, w = 2 is 16 * 4 IOs of 1/2 each
+    /// (the own-IO term alone would be 16 IOs); at `MAX_RATE` and `MIN_WEIGHT` it stays under 2^108
+    /// (module comment, "Virtual time's range").
+    #[test]
+    fn the_lead_bound_is_its_reservation_time_and_stays_in_range() {
+        use crate::units::{MAX_RATE, MIN_WEIGHT};
+        let mut edge = Tenant::new(QosSpec::new(MAX_RATE, None, MIN_WEIGHT, 0).unwrap(), Nanos(0));
+        edge.apply_lead(SchedConfig::default().weight_lead_ios);
+        assert!((1 << 107..1 << 108).contains(&edge.resv_lead), "2^{:.1}", (edge.resv_lead as f64).log2());
+        let (r, w, lead) = (1000.0, 2.0, 64 * step_for_rate(2.0));
+        let mut e = Engine::new(MCLOCK, SchedConfig::default());
+        let id = e.add_tenant(QosSpec::new(r, None, w, 0).unwrap()).unwrap();
+        let mut now = Nanos(0);
+        e.enqueue(now, Request::new(id, 0)).unwrap();
+        for handle in 1..200 {
+            e.enqueue(now, Request::new(id, handle)).unwrap();
+            // Polled when the head's R tag is due, it is served in the reservation phase.
+            let (r_tag, _, _) = e.head_tags(id).unwrap().unwrap();
+            now = now.max(r_tag.ceil_nanos());
+            assert!(matches!(e.poll(now, true), Poll::Dispatch(d) if d.phase == Phase::Reservation));
+            let (_, _, p) = e.head_tags(id).unwrap().unwrap();
+            assert_eq!(e.vnow(), Tag::ZERO, "no weight-phase dispatch");
+            assert!(p.0 <= lead, "{r}/{w}: lead {} over {lead}", p.0);
+        }
+        let (_, _, p) = e.head_tags(id).unwrap().unwrap();
+        assert!(p.0 + step_for_rate(w) > lead, "{r}/{w}: the bound is reached, {} of {lead}", p.0);
     }
 
     /// `TenantStats::rho` sums what the reservation clock was charged for service elsewhere: a request
