@@ -40,7 +40,7 @@ pub use cost::CostModel;
 pub use sched::{
     Dispatch, Fifo, LimitMode, Limits, Mclock, Phase, Piggyback, Poll, PoolReturn, Rbfq, Request, ReservationLag,
     ReservationShare, ReservationSplit, SchedConfig, SchedError, Scheduler, SchedulerKind, ServiceTracker, Sfq,
-    TenantId, TenantStats,
+    TenantId, TenantStats, UnknownScheduler,
 };
 pub use spec::{QosSpec, SpecError};
 pub use units::{Cost, Count, LatestTime, Nanos, Num, Tag};

@@ -53,17 +53,46 @@ pub fn estimator_keys(e: DemandEstimator, bp: u32) -> String {
     }
 }
 
+/// The smallest `r_floor_ios`.
+pub const MIN_R_FLOOR_IOS: u64 = 1;
+/// The largest `r_floor_ios`.
+pub const MAX_R_FLOOR_IOS: u64 = 1_000_000_000;
+
+/// Why `[pshift] r_order` or `r_floor_ios` is refused ([`r_order`]); the message names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ROrderError {
+    /// `r_floor_ios` outside `min..=max`.
+    #[error("pshift.r_floor_ios {got}: expected {min} to {max}")]
+    Floor {
+        /// The value given.
+        got: u64,
+        /// The smallest accepted ([`MIN_R_FLOOR_IOS`]).
+        min: u64,
+        /// The largest accepted ([`MAX_R_FLOOR_IOS`]).
+        max: u64,
+    },
+    /// `r_floor_ios` with an `r_order` other than `mixed`.
+    #[error("pshift.r_floor_ios is a setting of r_order = \"mixed\"")]
+    FloorWithoutMixed,
+    /// `r_order` names no order.
+    #[error("pshift.r_order {got:?}: expected round_robin, proportional or mixed")]
+    Unknown {
+        /// The word given.
+        got: String,
+    },
+}
+
 /// The R order from `r_order` and `r_floor_ios` as written; errors name the key.
-pub fn r_order(order: Option<&str>, floor: Option<u64>) -> Result<ROrder, String> {
+pub fn r_order(order: Option<&str>, floor: Option<u64>) -> Result<ROrder, ROrderError> {
     Ok(match (order, floor) {
         (None | Some("mixed"), floor) => match floor.unwrap_or(ROrder::DEFAULT_FLOOR) {
-            floor @ 1..=1_000_000_000 => ROrder::Mixed { floor },
-            o => return Err(format!("pshift.r_floor_ios {o}: expected 1 to 1000000000")),
+            floor @ MIN_R_FLOOR_IOS..=MAX_R_FLOOR_IOS => ROrder::Mixed { floor },
+            got => return Err(ROrderError::Floor { got, min: MIN_R_FLOOR_IOS, max: MAX_R_FLOOR_IOS }),
         },
-        (_, Some(_)) => return Err("pshift.r_floor_ios is a setting of r_order = \"mixed\"".into()),
+        (_, Some(_)) => return Err(ROrderError::FloorWithoutMixed),
         (Some("round_robin"), None) => ROrder::RoundRobin,
         (Some("proportional"), None) => ROrder::Proportional,
-        (Some(o), None) => return Err(format!("pshift.r_order {o:?}: expected round_robin, proportional or mixed")),
+        (Some(o), None) => return Err(ROrderError::Unknown { got: o.to_string() }),
     })
 }
 
@@ -92,9 +121,29 @@ mod tests {
             assert_eq!(r_order(t.r_order.as_deref(), t.r_floor_ios).unwrap(), o);
         }
         assert_eq!(r_order(None, None).unwrap(), ROrder::default());
-        assert!(r_order(Some("fifo"), None).unwrap_err().contains("pshift.r_order \"fifo\""));
-        assert!(r_order(Some("round_robin"), Some(5)).unwrap_err().contains("r_floor_ios is a setting of"));
-        assert!(r_order(None, Some(0)).unwrap_err().contains("pshift.r_floor_ios 0"));
+        assert!(r_order(Some("fifo"), None).unwrap_err().to_string().contains("pshift.r_order \"fifo\""));
+        assert!(r_order(Some("round_robin"), Some(5)).unwrap_err().to_string().contains("r_floor_ios is a setting of"));
+        assert!(r_order(None, Some(0)).unwrap_err().to_string().contains("pshift.r_floor_ios 0"));
+    }
+
+    /// The refusals are typed: the key's value and its bounds, as the messages of before.
+    #[test]
+    fn r_order_errors_are_typed_with_the_value_and_bounds() {
+        let floor = |got| ROrderError::Floor { got, min: 1, max: 1_000_000_000 };
+        assert_eq!(r_order(None, Some(0)), Err(floor(0)));
+        assert_eq!(r_order(Some("mixed"), Some(1_000_000_001)), Err(floor(1_000_000_001)));
+        assert_eq!(r_order(Some("mixed"), Some(1_000_000_000)), Ok(ROrder::Mixed { floor: 1_000_000_000 }));
+        assert_eq!(r_order(Some("proportional"), Some(5)), Err(ROrderError::FloorWithoutMixed));
+        assert_eq!(r_order(Some("fifo"), None), Err(ROrderError::Unknown { got: "fifo".into() }));
+        assert_eq!(floor(0).to_string(), "pshift.r_floor_ios 0: expected 1 to 1000000000");
+        assert_eq!(
+            ROrderError::FloorWithoutMixed.to_string(),
+            "pshift.r_floor_ios is a setting of r_order = \"mixed\""
+        );
+        assert_eq!(
+            ROrderError::Unknown { got: "fifo".into() }.to_string(),
+            "pshift.r_order \"fifo\": expected round_robin, proportional or mixed"
+        );
     }
 
     #[test]

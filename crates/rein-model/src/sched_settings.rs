@@ -349,7 +349,12 @@ pub fn parse_scheduler(s: &str) -> Result<(SchedulerKind, bool), String> {
         "lfq" => Ok((SchedulerKind::Sfq, false)),
         "dtfq" => Ok((SchedulerKind::Sfq, true)),
         other => {
-            let k: SchedulerKind = other.parse().map_err(|e: String| e.replace("fifo)", "fifo, lfq, dtfq)"))?;
+            let k: SchedulerKind = other.parse().map_err(|e: rein_core::UnknownScheduler| {
+                format!(
+                    "unknown scheduler {:?} (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)",
+                    e.name
+                )
+            })?;
             Ok((k, matches!(k, SchedulerKind::Dmclock | SchedulerKind::Rbfq)))
         }
     }
@@ -366,6 +371,18 @@ mod tests {
 
     fn err(text: &str) -> String {
         parse(text).resolve().unwrap_err().to_string()
+    }
+
+    /// A name that is no scheduler: the core's list with the simulator's two names, built from the typed
+    /// error's name (not by rewriting its text), in lower case as matched.
+    #[test]
+    fn an_unknown_scheduler_lists_the_simulators_names_too() {
+        assert_eq!(
+            parse_scheduler("WFQ").unwrap_err(),
+            "unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)"
+        );
+        assert_eq!(parse_scheduler("DTFQ").unwrap(), (SchedulerKind::Sfq, true));
+        assert_eq!(parse_scheduler("Rbfq").unwrap(), (SchedulerKind::Rbfq, true));
     }
 
     #[test]

@@ -149,20 +149,42 @@ impl AdminAccess {
         insecure: bool,
         max_connections: usize,
         idle_timeout_s: f64,
-    ) -> Result<AdminAccess, String> {
+    ) -> Result<AdminAccess, AdminAccessError> {
         if !(1..=MAX_CONNECTIONS_LIMIT).contains(&max_connections) {
-            return Err(format!("max_admin_connections must be in 1..={MAX_CONNECTIONS_LIMIT}, got {max_connections}"));
+            return Err(AdminAccessError::MaxConnections { got: max_connections, max: MAX_CONNECTIONS_LIMIT });
         }
         if !(idle_timeout_s.is_finite() && idle_timeout_s > 0.0 && idle_timeout_s <= MAX_IDLE_TIMEOUT_S) {
-            return Err(format!(
-                "admin_idle_timeout_s must be in (0, {MAX_IDLE_TIMEOUT_S}] seconds, got {idle_timeout_s}"
-            ));
+            return Err(AdminAccessError::IdleTimeout { got: idle_timeout_s, max: MAX_IDLE_TIMEOUT_S });
         }
         if token_file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
-            return Err("admin_token_file is empty".into());
+            return Err(AdminAccessError::EmptyTokenFile);
         }
         Ok(AdminAccess { token_file, insecure, max_connections, idle_timeout: Duration::from_secs_f64(idle_timeout_s) })
     }
+}
+
+/// Why the `admin_*` keys are refused ([`AdminAccess::new`]); the message names the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AdminAccessError {
+    /// `max_admin_connections` outside `1..=max`.
+    #[error("max_admin_connections must be in 1..={max}, got {got}")]
+    MaxConnections {
+        /// The value given.
+        got: usize,
+        /// The most accepted ([`MAX_CONNECTIONS_LIMIT`]).
+        max: usize,
+    },
+    /// `admin_idle_timeout_s` not in `(0, max]` seconds.
+    #[error("admin_idle_timeout_s must be in (0, {max}] seconds, got {got}")]
+    IdleTimeout {
+        /// The value given.
+        got: f64,
+        /// The longest accepted ([`MAX_IDLE_TIMEOUT_S`]).
+        max: f64,
+    },
+    /// `admin_token_file = ""`.
+    #[error("admin_token_file is empty")]
+    EmptyTokenFile,
 }
 
 /// Why the admin endpoint cannot be served as configured.
@@ -829,9 +851,25 @@ mod tests {
         assert!(insecure.starts_with("admin_insecure is set but admin is not, and no admin socket"), "{insecure}");
         assert!(insecure.ends_with("it applies to nothing; set admin, or remove admin_insecure"), "{insecure}");
         assert_eq!(unused_admin_keys(&access, Some(lo), true), None);
-        assert!(AdminAccess::new(None, false, 0, 60.0).unwrap_err().contains("max_admin_connections"));
+        assert!(AdminAccess::new(None, false, 0, 60.0).unwrap_err().to_string().contains("max_admin_connections"));
         assert!(AdminAccess::new(None, false, 4097, 60.0).is_err());
         assert!(AdminAccess::new(None, false, 4096, 3600.0).is_ok());
-        assert!(AdminAccess::new(None, false, 64, 0.0).unwrap_err().contains("admin_idle_timeout_s"));
+        assert!(AdminAccess::new(None, false, 64, 0.0).unwrap_err().to_string().contains("admin_idle_timeout_s"));
+    }
+
+    /// The `admin_*` refusals are typed: the key's value and its bound, with the messages of before.
+    #[test]
+    fn admin_access_errors_are_typed_with_the_value_and_bound() {
+        let e = AdminAccess::new(None, false, 4097, 60.0).unwrap_err();
+        assert_eq!(e, AdminAccessError::MaxConnections { got: 4097, max: 4096 });
+        assert_eq!(e.to_string(), "max_admin_connections must be in 1..=4096, got 4097");
+        let e = AdminAccess::new(None, false, 64, 3600.5).unwrap_err();
+        assert_eq!(e, AdminAccessError::IdleTimeout { got: 3600.5, max: 3600.0 });
+        assert_eq!(e.to_string(), "admin_idle_timeout_s must be in (0, 3600] seconds, got 3600.5");
+        let e = AdminAccess::new(None, false, 64, f64::NAN).unwrap_err();
+        assert!(matches!(e, AdminAccessError::IdleTimeout { got, .. } if got.is_nan()), "{e:?}");
+        let e = AdminAccess::new(Some(PathBuf::new()), false, 64, 60.0).unwrap_err();
+        assert_eq!(e, AdminAccessError::EmptyTokenFile);
+        assert_eq!(e.to_string(), "admin_token_file is empty");
     }
 }

@@ -104,11 +104,14 @@
 //! export per demo tenant in `rein-data/`, the mClock paper's RD / OLTP / DM.
 
 use crate::access::{ConnCaps, ExportAccess};
+use crate::admin_guard::AdminAccessError;
 use crate::devmodel::DeviceConfig;
-use crate::dispatch::IoEngine;
+use crate::dispatch::{IoEngine, UnknownIoEngine};
+use crate::sock::UnixListenError;
 use crate::tls::{CredentialError, TlsConfig, TlsFiles};
-use rein_core::{QosSpec, SchedConfig, SchedulerKind, SpecError};
+use rein_core::{QosSpec, SchedConfig, SchedulerKind, SpecError, UnknownScheduler};
 use rein_model::device::{ArrayParams, CapacityStep, DeviceError, DeviceParams, DiskParams};
+use rein_model::pshift_settings::ROrderError;
 use rein_model::sched_settings::{
     with_cost_model_shorthand, CostModelFile, CostModelTwice, SchedSettingsFile, SettingsError,
 };
@@ -216,14 +219,14 @@ pub enum SettingError {
     },
     /// `listen_unix` or `listen_unix_mode` (or `--listen-unix`) is refused; the message names which.
     #[error("{0}")]
-    UnixSocket(String),
-    /// The admin endpoint's settings (`admin_token_file`, `admin_insecure`, `max_admin_connections`,
+    UnixSocket(UnixListenError),
+    /// The admin endpoint's settings (`admin_token_file`, `max_admin_connections`,
     /// `admin_idle_timeout_s`) are refused; the message names which.
     #[error("{0}")]
-    AdminAccess(String),
+    AdminAccess(AdminAccessError),
     /// `scheduler` names no scheduler.
     #[error("scheduler: {0}")]
-    Scheduler(String),
+    Scheduler(UnknownScheduler),
     /// `cost_model` is given both at the top and in `[mclock]`.
     #[error("{0}")]
     CostModelTwice(CostModelTwice),
@@ -232,7 +235,7 @@ pub enum SettingError {
     Sched(SettingsError),
     /// `io_engine` names no engine.
     #[error("{0}")]
-    IoEngine(String),
+    IoEngine(UnknownIoEngine),
     /// A `[device_model]` field is refused.
     #[error("device_model.{0}")]
     DeviceModel(DeviceError),
@@ -324,7 +327,7 @@ pub enum SettingError {
     },
     /// `[pshift] r_order` or `r_floor_ios` is refused; the message names which.
     #[error("{0}")]
-    PshiftROrder(String),
+    PshiftROrder(ROrderError),
     /// `pshift.controller` is not an address.
     #[error("pshift.controller {text:?} is not an address (ip:port)")]
     PshiftController {
@@ -1923,6 +1926,31 @@ mod tests {
         let e = invalid(&format!("[tls]\nmode = \"require\"{a}"));
         assert!(matches!(&e, SettingError::Tls(t) if matches!(**t, CredentialError::NoServerCredentials)), "{e:?}");
         assert_eq!(e.to_string(), "tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file");
+        // The other modules' refusals, kept typed: the Unix socket's, the admin keys', the scheduler's,
+        // the engine's and [pshift]'s R order.
+        let e = invalid(&format!("listen_unix_mode = \"0660\"{a}"));
+        assert!(matches!(e, SettingError::UnixSocket(UnixListenError::ModeWithoutPath)), "{e:?}");
+        assert_eq!(e.to_string(), "listen_unix_mode needs listen_unix");
+        let e = invalid(&format!("max_admin_connections = 0{a}"));
+        assert!(
+            matches!(e, SettingError::AdminAccess(AdminAccessError::MaxConnections { got: 0, max: 4096 })),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "max_admin_connections must be in 1..=4096, got 0");
+        let e = invalid(&format!("scheduler = \"wfq\"{a}"));
+        assert!(matches!(&e, SettingError::Scheduler(UnknownScheduler { name }) if name == "wfq"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "scheduler: unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token, fifo)"
+        );
+        let e = invalid(&format!("io_engine = \"aio\"{a}"));
+        assert!(matches!(&e, SettingError::IoEngine(UnknownIoEngine { got }) if got == "aio"), "{e:?}");
+        assert_eq!(e.to_string(), "io_engine \"aio\": expected uring, threads or inline");
+        let e = invalid(&format!("scheduler = \"token\"\n[pshift]\nr_order = \"lifo\"{a}"));
+        assert!(matches!(&e, SettingError::PshiftROrder(ROrderError::Unknown { got }) if got == "lifo"), "{e:?}");
+        let e = invalid(&format!("scheduler = \"token\"\n[pshift]\nr_floor_ios = 0{a}"));
+        assert!(matches!(e, SettingError::PshiftROrder(ROrderError::Floor { got: 0, min: 1, .. })), "{e:?}");
+        assert_eq!(e.to_string(), "pshift.r_floor_ios 0: expected 1 to 1000000000");
         // The one "config: " of ConfigError, no more.
         let e = ServerConfig::parse(&format!("max_request_kb = 0{a}"), Path::new("x.toml")).unwrap_err().to_string();
         assert_eq!(e, "config: max_request_kb must be in 1..=131072, got 0");

@@ -610,14 +610,22 @@ impl IoEngine {
     }
 }
 
+/// An `io_engine` that names no [`IoEngine`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("io_engine {got:?}: expected uring, threads or inline")]
+pub struct UnknownIoEngine {
+    /// The name given.
+    pub got: String,
+}
+
 impl std::str::FromStr for IoEngine {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownIoEngine;
+    fn from_str(s: &str) -> Result<Self, UnknownIoEngine> {
         match s {
             "uring" | "io_uring" => Ok(IoEngine::Uring),
             "threads" => Ok(IoEngine::Threads),
             "inline" => Ok(IoEngine::Inline),
-            o => Err(format!("io_engine {o:?}: expected uring, threads or inline")),
+            o => Err(UnknownIoEngine { got: o.to_string() }),
         }
     }
 }

@@ -714,7 +714,8 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
         f.admin_insecure,
         f.max_admin_connections,
         f.admin_idle_timeout_s,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     let request_timeout = seconds("request_timeout_s", f.request_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     let connect_timeout = seconds("connect_timeout_s", f.connect_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     // 0: no check (remote.rs, "Read-only node exports").

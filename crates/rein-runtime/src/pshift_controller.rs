@@ -299,7 +299,8 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
         f.admin_insecure,
         crate::config::d_admin_conns(),
         crate::config::d_admin_idle(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     if !(f.period_s.is_finite() && (0.001..=86_400.0).contains(&f.period_s)) {
         return Err(format!("period_s must be in [0.001, 86400], got {}", f.period_s));
     }

@@ -260,7 +260,7 @@ impl NodeAddress {
     /// what is wrong, without the node's name (the caller adds it).
     pub fn parse(text: &str, base: &Path) -> Result<NodeAddress, String> {
         if let Some(path) = text.strip_prefix("unix:") {
-            return Ok(NodeAddress::Unix(unix_path(path, base)?));
+            return Ok(NodeAddress::Unix(unix_path(path, base).map_err(|e| e.to_string())?));
         }
         let a: SocketAddr = text.parse().map_err(|e| {
             format!(
@@ -303,32 +303,79 @@ impl fmt::Display for NodeAddress {
     }
 }
 
+/// Why a Unix socket path from the configuration is refused ([`unix_path`]); the caller names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnixPathError {
+    /// An empty path.
+    #[error("an empty Unix socket path")]
+    Empty,
+    /// A path with a NUL byte.
+    #[error("Unix socket path {text:?} contains NUL")]
+    Nul {
+        /// The path given.
+        text: String,
+    },
+    /// A path longer than a socket address holds, once joined to its base.
+    #[error("Unix socket path {} has {bytes} bytes; the system allows at most {max}", path.display())]
+    TooLong {
+        /// The path, joined to its base.
+        path: PathBuf,
+        /// Its length in bytes.
+        bytes: usize,
+        /// The longest accepted ([`MAX_UNIX_PATH`]).
+        max: usize,
+    },
+}
+
+/// A socket file mode that is not octal `0000..=0777` ([`unix_mode`]); the caller names the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a file mode (octal, 0000..=0777, such as \"0660\")")]
+pub struct UnixModeError {
+    /// The text given.
+    pub text: String,
+}
+
+/// Why `listen_unix`, `listen_unix_mode` or `--listen-unix` is refused ([`UnixListen`]); the message
+/// names which.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnixListenError {
+    /// `listen_unix` is not a usable path.
+    #[error("listen_unix: {0}")]
+    Path(UnixPathError),
+    /// `listen_unix_mode` is not a file mode.
+    #[error("listen_unix_mode: {0}")]
+    Mode(UnixModeError),
+    /// `listen_unix_mode` without `listen_unix`.
+    #[error("listen_unix_mode needs listen_unix")]
+    ModeWithoutPath,
+    /// `--listen-unix` is not a usable path.
+    #[error("--listen-unix: {0}")]
+    CommandLine(UnixPathError),
+}
+
 /// A Unix socket path from the configuration: not empty, within [`MAX_UNIX_PATH`] bytes once joined to
 /// `base` (the configuration file's directory) if relative, without NUL.
-pub fn unix_path(text: &str, base: &Path) -> Result<PathBuf, String> {
+pub fn unix_path(text: &str, base: &Path) -> Result<PathBuf, UnixPathError> {
     if text.is_empty() {
-        return Err("an empty Unix socket path".into());
+        return Err(UnixPathError::Empty);
     }
     if text.contains('\0') {
-        return Err(format!("Unix socket path {text:?} contains NUL"));
+        return Err(UnixPathError::Nul { text: text.to_string() });
     }
     let path = base.join(text);
-    let len = path.as_os_str().len();
-    if len > MAX_UNIX_PATH {
-        return Err(format!(
-            "Unix socket path {} has {len} bytes; the system allows at most {MAX_UNIX_PATH}",
-            path.display()
-        ));
+    let bytes = path.as_os_str().len();
+    if bytes > MAX_UNIX_PATH {
+        return Err(UnixPathError::TooLong { path, bytes, max: MAX_UNIX_PATH });
     }
     Ok(path)
 }
 
 /// A socket file mode from the configuration: octal digits (`"0660"`, `"660"`), at most 0o777.
-pub fn unix_mode(text: &str) -> Result<u32, String> {
+pub fn unix_mode(text: &str) -> Result<u32, UnixModeError> {
     let digits = text.strip_prefix("0o").unwrap_or(text);
     match u32::from_str_radix(digits, 8) {
         Ok(m) if m <= 0o777 && !digits.is_empty() => Ok(m),
-        _ => Err(format!("{text:?} is not a file mode (octal, 0000..=0777, such as \"0660\")")),
+        _ => Err(UnixModeError { text: text.to_string() }),
     }
 }
 
@@ -344,13 +391,17 @@ pub struct UnixListen {
 impl UnixListen {
     /// From the configuration's `listen_unix` (a relative path is taken from `base`, the configuration
     /// file's directory) and `listen_unix_mode` (default [`DEFAULT_UNIX_MODE`]); none without a path.
-    pub fn from_config(path: Option<&str>, mode: Option<&str>, base: &Path) -> Result<Option<UnixListen>, String> {
-        let mode = mode.map(unix_mode).transpose().map_err(|e| format!("listen_unix_mode: {e}"))?;
+    pub fn from_config(
+        path: Option<&str>,
+        mode: Option<&str>,
+        base: &Path,
+    ) -> Result<Option<UnixListen>, UnixListenError> {
+        let mode = mode.map(unix_mode).transpose().map_err(UnixListenError::Mode)?;
         match path {
-            None if mode.is_some() => Err("listen_unix_mode needs listen_unix".into()),
+            None if mode.is_some() => Err(UnixListenError::ModeWithoutPath),
             None => Ok(None),
             Some(p) => Ok(Some(UnixListen {
-                path: unix_path(p, base).map_err(|e| format!("listen_unix: {e}"))?,
+                path: unix_path(p, base).map_err(UnixListenError::Path)?,
                 mode: mode.unwrap_or(DEFAULT_UNIX_MODE),
             })),
         }
@@ -358,8 +409,8 @@ impl UnixListen {
 
     /// A command line's `--listen-unix PATH` over `current` (relative to the working directory; the mode
     /// stays `current`'s, or the default).
-    pub fn from_command_line(path: &str, current: Option<&UnixListen>) -> Result<UnixListen, String> {
-        let path = unix_path(path, Path::new("")).map_err(|e| format!("--listen-unix: {e}"))?;
+    pub fn from_command_line(path: &str, current: Option<&UnixListen>) -> Result<UnixListen, UnixListenError> {
+        let path = unix_path(path, Path::new("")).map_err(UnixListenError::CommandLine)?;
         Ok(UnixListen { path, mode: current.map_or(DEFAULT_UNIX_MODE, |u| u.mode) })
     }
 }
@@ -636,15 +687,50 @@ mod tests {
         let u = UnixListen::from_config(Some("/run/n.sock"), Some("0660"), base).unwrap().unwrap();
         assert_eq!(u.mode, 0o660);
         assert_eq!(
-            UnixListen::from_config(None, Some("0660"), base).unwrap_err(),
+            UnixListen::from_config(None, Some("0660"), base).unwrap_err().to_string(),
             "listen_unix_mode needs listen_unix"
         );
-        assert!(UnixListen::from_config(Some("x"), Some("9"), base).unwrap_err().starts_with("listen_unix_mode: "));
-        assert!(UnixListen::from_config(Some(""), None, base).unwrap_err().starts_with("listen_unix: "));
+        assert!(UnixListen::from_config(Some("x"), Some("9"), base)
+            .unwrap_err()
+            .to_string()
+            .starts_with("listen_unix_mode: "));
+        assert!(UnixListen::from_config(Some(""), None, base).unwrap_err().to_string().starts_with("listen_unix: "));
         let cli = UnixListen::from_command_line("x.sock", Some(&u)).unwrap();
         assert_eq!((cli.path.as_path(), cli.mode), (Path::new("x.sock"), 0o660));
         assert_eq!(UnixListen::from_command_line("x.sock", None).unwrap().mode, DEFAULT_UNIX_MODE);
-        assert!(UnixListen::from_command_line("", None).unwrap_err().starts_with("--listen-unix: "));
+        assert!(UnixListen::from_command_line("", None).unwrap_err().to_string().starts_with("--listen-unix: "));
+    }
+
+    /// The refusals are typed: which key, and the path or mode with its bound, as the messages of before.
+    #[test]
+    fn unix_socket_errors_are_typed_with_the_key_value_and_bound() {
+        let base = Path::new("/etc/rein");
+        let e = UnixListen::from_config(Some("x"), Some("1777"), base).unwrap_err();
+        assert_eq!(e, UnixListenError::Mode(UnixModeError { text: "1777".into() }));
+        assert_eq!(
+            e.to_string(),
+            "listen_unix_mode: \"1777\" is not a file mode (octal, 0000..=0777, such as \"0660\")"
+        );
+        assert_eq!(UnixListen::from_config(None, Some("0600"), base), Err(UnixListenError::ModeWithoutPath));
+        assert_eq!(UnixListen::from_config(Some(""), None, base), Err(UnixListenError::Path(UnixPathError::Empty)));
+        let e = UnixListen::from_config(Some("a\0b"), None, base).unwrap_err();
+        assert_eq!(e, UnixListenError::Path(UnixPathError::Nul { text: "a\0b".into() }));
+        // Too long once joined to the base: the joined path, its length and the bound.
+        let name = "a".repeat(MAX_UNIX_PATH - "/etc/rein/".len() + 1);
+        let e = UnixListen::from_config(Some(&name), None, base).unwrap_err();
+        let joined = base.join(&name);
+        assert_eq!(
+            e,
+            UnixListenError::Path(UnixPathError::TooLong { path: joined.clone(), bytes: MAX_UNIX_PATH + 1, max: 107 })
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("listen_unix: Unix socket path {} has 108 bytes; the system allows at most 107", joined.display())
+        );
+        assert!(UnixListen::from_config(Some(&name[1..]), None, base).is_ok(), "at the bound");
+        let e = UnixListen::from_command_line("", None).unwrap_err();
+        assert_eq!(e, UnixListenError::CommandLine(UnixPathError::Empty));
+        assert_eq!(e.to_string(), "--listen-unix: an empty Unix socket path");
     }
 
     #[test]
@@ -652,7 +738,7 @@ mod tests {
         assert_eq!(unix_mode("0660").unwrap(), 0o660);
         assert_eq!(unix_mode("600").unwrap(), 0o600);
         assert_eq!(unix_mode("0o777").unwrap(), 0o777);
-        assert!(unix_mode("1777").unwrap_err().contains("0000..=0777"));
+        assert!(unix_mode("1777").unwrap_err().to_string().contains("0000..=0777"));
         assert!(unix_mode("rw").is_err());
         assert!(unix_mode("").is_err());
     }

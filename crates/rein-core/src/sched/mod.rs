@@ -477,13 +477,21 @@ impl SchedulerKind {
     }
 }
 
+/// A name that is no [`SchedulerKind`] ([`SchedulerKind::ALL`]'s names, in any case).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scheduler {name:?} (expected one of mclock, dmclock, rbfq, sfq, token, fifo)")]
+pub struct UnknownScheduler {
+    /// The name given.
+    pub name: String,
+}
+
 impl std::str::FromStr for SchedulerKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownScheduler;
+    fn from_str(s: &str) -> Result<Self, UnknownScheduler> {
         SchedulerKind::ALL
             .into_iter()
             .find(|k| k.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown scheduler {s:?} (expected one of mclock, dmclock, rbfq, sfq, token, fifo)"))
+            .ok_or_else(|| UnknownScheduler { name: s.to_string() })
     }
 }
 
