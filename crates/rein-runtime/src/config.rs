@@ -1248,8 +1248,9 @@ fn admin_tls(on: bool, tls: Option<&TlsConfig>) -> Result<Option<TlsConfig>, Set
     }
 }
 
-/// A count setting `got` in `min..=max`, else [`SettingError::Range`] naming `key`.
-fn in_range(key: &'static str, got: u64, min: u64, max: u64) -> Result<u64, SettingError> {
+/// A count setting `got` in `min..=max`, else [`SettingError::Range`] naming `key` (rein.toml's and
+/// gw.toml's).
+pub(crate) fn in_range(key: &'static str, got: u64, min: u64, max: u64) -> Result<u64, SettingError> {
     if (min..=max).contains(&got) {
         Ok(got)
     } else {
@@ -1258,20 +1259,25 @@ fn in_range(key: &'static str, got: u64, min: u64, max: u64) -> Result<u64, Sett
 }
 
 fn caps(f: &File) -> Result<ConnCaps, SettingError> {
+    conn_caps(f.max_connections, f.max_connections_per_client, f.max_connections_per_tenant)
+}
+
+/// The connection caps from `max_connections`, `max_connections_per_client` and
+/// `max_connections_per_tenant` as written (rein.toml's and gw.toml's): each in
+/// 1..=[`MAX_CONNECTIONS_LIMIT`], the per-client and per-tenant defaults never above the total.
+pub(crate) fn conn_caps(
+    total: Option<usize>,
+    per_client: Option<usize>,
+    per_tenant: Option<usize>,
+) -> Result<ConnCaps, SettingError> {
     let d = ConnCaps::default();
-    let total = f.max_connections.unwrap_or(d.total);
+    let total = total.unwrap_or(d.total);
     let check = |key: &'static str, v: usize| in_range(key, v as u64, 1, MAX_CONNECTIONS_LIMIT as u64).map(|_| v);
     Ok(ConnCaps {
         total: check("max_connections", total)?,
         // Defaults never above the total.
-        per_client: check(
-            "max_connections_per_client",
-            f.max_connections_per_client.unwrap_or(d.per_client.min(total)),
-        )?,
-        per_tenant: check(
-            "max_connections_per_tenant",
-            f.max_connections_per_tenant.unwrap_or(d.per_tenant.min(total)),
-        )?,
+        per_client: check("max_connections_per_client", per_client.unwrap_or(d.per_client.min(total)))?,
+        per_tenant: check("max_connections_per_tenant", per_tenant.unwrap_or(d.per_tenant.min(total)))?,
     })
 }
 

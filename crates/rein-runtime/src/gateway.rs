@@ -149,7 +149,7 @@
 
 use crate::access::{ConnCaps, ConnLimits, ExportAccess};
 use crate::budget::Budget;
-use crate::config::{parse_access, tls_config, Overrides, TlsFile, MAX_CONNECTIONS_LIMIT};
+use crate::config::{conn_caps, in_range, parse_access, tls_config, Overrides, SettingError, TlsFile};
 use crate::live::ReloadReport;
 use crate::nbd::{spawn_accepted, Backend, Export, ExportTable, Limits, NbdContext, Policy};
 use crate::parda_host::{HostGate, HostedVolume, VmLease};
@@ -362,9 +362,300 @@ pub enum GatewayConfigError {
         /// The parser's message.
         message: String,
     },
-    /// A value is out of range or inconsistent; the message names the key.
+    /// A value is out of range or inconsistent: [`GatewaySettingError`] names the key.
     #[error("gateway config: {0}")]
-    Invalid(String),
+    Invalid(GatewaySettingError),
+}
+
+impl From<SettingError> for GatewaySettingError {
+    fn from(e: SettingError) -> Self {
+        GatewaySettingError::Setting(e)
+    }
+}
+
+/// A value in gw.toml (or given on the command line over it) that is out of range or inconsistent with
+/// another: which key, the value, and the bound. Its message names the key once. The keys gw.toml shares
+/// with rein.toml (the fronts, the admin keys, the connection caps, in-flight bytes, timeouts, `[tls]`,
+/// tenant names and specs, access lists) are refused as rein.toml refuses them ([`SettingError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewaySettingError {
+    /// A key rein.toml has too, refused as there.
+    #[error("{0}")]
+    Setting(SettingError),
+    /// The admin endpoint's keys are refused.
+    #[error("{0}")]
+    AdminAccess(crate::admin_guard::AdminAccessError),
+    /// `[parda_host]` without `[parda]`.
+    #[error("[parda_host] needs a [parda] table (latency_threshold_ms at least)")]
+    PardaHostWithoutParda,
+    /// `[parda]` or `[parda_host]` is refused; the message names the key.
+    #[error("{0}")]
+    Parda(String),
+    /// `[mclock]` without `[parda]`.
+    #[error(
+        "[mclock] sets a PARDA host's local scheduler, and this gateway has no [parda] table (a gateway \
+         schedules nothing itself: its nodes do, with their own [mclock])"
+    )]
+    MclockWithoutParda,
+    /// A duration in seconds outside `min..=max` or not finite (`read_only_check_s` may also be 0: no
+    /// check).
+    #[error(
+        "{key} must be in {min}..={max} seconds, got {}{}",
+        Num(*got),
+        if *zero_is_off { " (or 0: no check)" } else { "" }
+    )]
+    Seconds {
+        /// The key.
+        key: &'static str,
+        /// The shortest accepted.
+        min: f64,
+        /// The longest accepted.
+        max: f64,
+        /// The value given.
+        got: f64,
+        /// Whether 0 turns the setting off (said in the message).
+        zero_is_off: bool,
+    },
+    /// No `[[nodes]]`.
+    #[error("at least one [[nodes]] is needed")]
+    NoNodes,
+    /// More than `max` `[[nodes]]`.
+    #[error("at most {max} [[nodes]], got {got}")]
+    TooManyNodes {
+        /// The most accepted ([`MAX_NODES`]).
+        max: usize,
+        /// How many there are.
+        got: usize,
+    },
+    /// `[node_tls] name`: a gateway names each node's certificate in its `[[nodes]]` entry.
+    #[error("node_tls.name: a gateway names each node's certificate in [[nodes]] tls_name")]
+    NodeTlsName,
+    /// `[node_tls]`'s credentials cannot be read or do not fit together; the message names the key.
+    #[error("{0}")]
+    NodeTls(Box<crate::tls::CredentialError>),
+    /// A `[[nodes]]` entry without a name.
+    #[error("a [[nodes]] entry has an empty name")]
+    EmptyNodeName,
+    /// A node name longer than `max` bytes (the message shows its first 16 characters).
+    #[error("node {:?}...: name must be at most {max} bytes, got {}", name.chars().take(16).collect::<String>(), name.len())]
+    NodeNameLength {
+        /// The name.
+        name: String,
+        /// The longest accepted ([`MAX_NODE_NAME_LEN`]).
+        max: usize,
+    },
+    /// Two `[[nodes]]` of one name.
+    #[error("node name {name:?} is repeated")]
+    RepeatedNode {
+        /// The name.
+        name: String,
+    },
+    /// A node's setting is refused.
+    #[error("node {node}: {error}")]
+    Node {
+        /// The node's name.
+        node: String,
+        /// What is wrong with it.
+        error: NodeSettingError,
+    },
+    /// A tenant name longer than `max` bytes or with NUL.
+    #[error("tenant {name:?}: name must be at most {max} bytes without NUL (the storage-node protocol's limit)")]
+    TenantName {
+        /// The name.
+        name: String,
+        /// The longest accepted ([`MAX_NODE_NAME_LEN`]).
+        max: usize,
+    },
+    /// A tenant's setting is refused.
+    #[error("tenant {tenant}: {error}")]
+    Tenant {
+        /// The tenant's name.
+        tenant: String,
+        /// What is wrong with it.
+        error: TenantSettingError,
+    },
+    /// More than `max` `[[exports]]`.
+    #[error("at most {max} [[exports]], got {got}")]
+    TooManyExports {
+        /// The most accepted ([`MAX_VOLUMES`]).
+        max: usize,
+        /// How many there are.
+        got: usize,
+    },
+    /// An `[[exports]]` name that is empty or longer than NBD allows.
+    #[error("an [[exports]] entry has an empty name or one longer than 4096 bytes (NBD's limit)")]
+    ExportName,
+    /// Two `[[exports]]` of one name.
+    #[error("export name {name:?} is repeated")]
+    RepeatedExport {
+        /// The name.
+        name: String,
+    },
+    /// A volume's setting is refused.
+    #[error("export {export}: {error}")]
+    Volume {
+        /// The volume's name.
+        export: String,
+        /// What is wrong with it (boxed: a node export held twice names two volumes and two nodes).
+        error: Box<VolumeSettingError>,
+    },
+    /// The volumes' nodes times `connections_per_node` above `max`.
+    #[error(
+        "the exports' nodes times connections_per_node make {sessions} node connections, above the bound of \
+         {max} (each a task, buffers and a descriptor)"
+    )]
+    Sessions {
+        /// The node connections the configuration makes.
+        sessions: usize,
+        /// The most accepted ([`MAX_NODE_SESSIONS`]).
+        max: usize,
+    },
+    /// A volume's own tenant (its name) longer than `max` bytes.
+    #[error("tenant {name:?} (an export's own): name must be at most {max} bytes (the storage-node protocol's limit)")]
+    ExportTenantName {
+        /// The name.
+        name: String,
+        /// The longest accepted ([`MAX_NODE_NAME_LEN`]).
+        max: usize,
+    },
+    /// `default_export` names no volume.
+    #[error("default_export names unknown export {name:?}")]
+    DefaultExport {
+        /// The name given.
+        name: String,
+    },
+}
+
+/// What is wrong with one `[[nodes]]` entry ([`GatewaySettingError::Node`] names the node).
+#[derive(Debug, thiserror::Error)]
+pub enum NodeSettingError {
+    /// `address` is neither `ADDRESS:PORT` nor `unix:PATH`.
+    #[error("address {text:?}: {error}")]
+    Address {
+        /// The text given.
+        text: String,
+        /// Why it is no node address.
+        error: crate::sock::NodeAddressError,
+    },
+    /// `protocol` is none of the three.
+    #[error("protocol {got:?}: expected rein, nbd or auto")]
+    Protocol {
+        /// The word given.
+        got: String,
+    },
+    /// `tls_name` on a link without TLS.
+    #[error("tls_name needs TLS on the link ([node_tls], tls = true)")]
+    TlsNameWithoutTls,
+    /// `tls = true` without `[node_tls]`.
+    #[error("tls = true needs a [node_tls] table")]
+    TlsWithoutNodeTls,
+    /// `tls_name` empty, longer than `max` bytes or with NUL.
+    #[error("tls_name must have 1..={max} bytes without NUL")]
+    TlsName {
+        /// The longest accepted (253: a DNS name's limit).
+        max: usize,
+    },
+    /// The address is the gateway's own front (`listen` or `listen_unix`).
+    #[error(
+        "address {address} is this gateway's own front ({front}): its pieces would come back to the gateway as \
+         requests (a node's address, or the gateway's listen, mistyped?)"
+    )]
+    OwnFront {
+        /// The node's address.
+        address: NodeAddress,
+        /// The front it is, as shown.
+        front: String,
+    },
+}
+
+/// What is wrong with one `[[tenants]]` entry ([`GatewaySettingError::Tenant`] names the tenant).
+#[derive(Debug, thiserror::Error)]
+pub enum TenantSettingError {
+    /// `reservation_split` is neither `spread` nor `rho`.
+    #[error("reservation_split {got:?}: expected spread or rho")]
+    ReservationSplit {
+        /// The word given.
+        got: String,
+    },
+    /// `server_reservations` names no node.
+    #[error("server_reservations names unknown node {node:?}")]
+    UnknownNode {
+        /// The name given.
+        node: String,
+    },
+    /// A `server_reservations` value that is negative or not finite.
+    #[error("server_reservations.{node} must be finite and >= 0, got {got}")]
+    ServerReservation {
+        /// The node.
+        node: String,
+        /// The value given.
+        got: f64,
+    },
+}
+
+/// What is wrong with one `[[exports]]` entry ([`GatewaySettingError::Volume`] names the volume).
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeSettingError {
+    /// `size_mb` is 0 or makes more than [`crate::config::MAX_EXPORT_BYTES`].
+    #[error("size_mb must be in 1..=2^30, got {got}")]
+    Size {
+        /// The value given.
+        got: u64,
+    },
+    /// `stripe_kb` outside `1..=max`.
+    #[error("stripe_kb must be in 1..={max}, got {got}")]
+    StripeKb {
+        /// The value given.
+        got: u64,
+        /// The largest accepted ([`MAX_STRIPE_KB`]).
+        max: u64,
+    },
+    /// `widths` names no node.
+    #[error("widths names unknown node {node:?}")]
+    UnknownNode {
+        /// The name given.
+        node: String,
+    },
+    /// The widths make no layout.
+    #[error("{0}")]
+    Stripe(rein_model::stripe::StripeError),
+    /// `tenant` names no `[[tenants]]` entry.
+    #[error("tenant names unknown tenant {tenant:?}")]
+    UnknownTenant {
+        /// The name given.
+        tenant: String,
+    },
+    /// A node export name longer than NBD allows (the message shows its first 16 characters).
+    #[error(
+        "the node export name {:?}... has {} bytes; NBD allows at most {max}",
+        name.chars().take(16).collect::<String>(),
+        name.len()
+    )]
+    NodeExportName {
+        /// The name.
+        name: String,
+        /// The longest accepted.
+        max: usize,
+    },
+    /// A node export another volume (or this one, through a second node entry) lays its units on too
+    /// (invariant 3).
+    #[error(
+        "node {node}'s export {node_export:?} at {address} is {} (through node {other_node}): two layouts on one \
+         node export would overwrite each other's data",
+        match other { None => "this export's too".to_string(), Some(o) => format!("export {o}'s") }
+    )]
+    SharedNodeExport {
+        /// The node.
+        node: String,
+        /// Its export.
+        node_export: String,
+        /// The node's address.
+        address: NodeAddress,
+        /// The other volume holding it (`None`: this one, through another node entry).
+        other: Option<String>,
+        /// The node entry the other holder reaches it through.
+        other_node: String,
+    },
 }
 
 fn d_listen() -> String {
@@ -521,11 +812,11 @@ struct ExportFile {
     read_only: bool,
 }
 
-fn seconds(key: &str, v: f64, lo: f64, hi: f64) -> Result<Duration, String> {
-    if v.is_finite() && (lo..=hi).contains(&v) {
-        Ok(Duration::from_secs_f64(v))
+fn seconds(key: &'static str, got: f64, min: f64, max: f64) -> Result<Duration, GatewaySettingError> {
+    if got.is_finite() && (min..=max).contains(&got) {
+        Ok(Duration::from_secs_f64(got))
     } else {
-        Err(format!("{key} must be in {lo}..={hi} seconds, got {}", Num(v)))
+        Err(GatewaySettingError::Seconds { key, min, max, got, zero_is_off: false })
     }
 }
 
@@ -595,11 +886,10 @@ impl GatewayConfig {
                 }
             };
             if let Some(front) = front {
-                return Err(GatewayConfigError::Invalid(format!(
-                    "node {}: address {} is this gateway's own front ({front}): its pieces would come back to the \
-                     gateway as requests (a node's address, or the gateway's listen, mistyped?)",
-                    n.name, n.address
-                )));
+                return Err(GatewayConfigError::Invalid(GatewaySettingError::Node {
+                    node: n.name.clone(),
+                    error: NodeSettingError::OwnFront { address: n.address.clone(), front },
+                }));
             }
         }
         Ok(())
@@ -684,23 +974,21 @@ impl GatewayConfig {
     }
 }
 
-fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String> {
+fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, GatewaySettingError> {
     let parda = match (&f.parda, &f.parda_host) {
         (None, None) => None,
-        (None, Some(_)) => return Err("[parda_host] needs a [parda] table (latency_threshold_ms at least)".into()),
+        (None, Some(_)) => return Err(GatewaySettingError::PardaHostWithoutParda),
         (Some(p), h) => {
             // `[mclock]` is rein serve's (and a scenario's) table; here it sets the host's local scheduler.
             let sched = match &f.mclock {
-                Some(m) => m.resolve().map_err(|e| e.to_string())?,
+                Some(m) => m.resolve().map_err(|e| GatewaySettingError::Setting(SettingError::Sched(e)))?,
                 None => rein_core::SchedConfig::default(),
             };
-            Some(crate::parda_host::validate(p, h.as_ref(), sched, base)?)
+            Some(crate::parda_host::validate(p, h.as_ref(), sched, base).map_err(GatewaySettingError::Parda)?)
         }
     };
     if f.mclock.is_some() && parda.is_none() {
-        return Err("[mclock] sets a PARDA host's local scheduler, and this gateway has no [parda] table (a \
-                    gateway schedules nothing itself: its nodes do, with their own [mclock])"
-            .into());
+        return Err(GatewaySettingError::MclockWithoutParda);
     }
     let keys = crate::config::FrontKeys {
         listen: &f.listen,
@@ -708,14 +996,14 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
         listen_unix_mode: f.listen_unix_mode.as_deref(),
         admin: f.admin.as_deref(),
     };
-    let (listen, listen_unix, admin) = o.fronts(keys, base).map_err(|e| e.to_string())?;
+    let (listen, listen_unix, admin) = o.fronts(keys, base)?;
     let admin_access = crate::admin_guard::AdminAccess::new(
         f.admin_token_file.as_ref().map(|p| base.join(p)),
         f.admin_insecure,
         f.max_admin_connections,
         f.admin_idle_timeout_s,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(GatewaySettingError::AdminAccess)?;
     let request_timeout = seconds("request_timeout_s", f.request_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     let connect_timeout = seconds("connect_timeout_s", f.connect_timeout_s, 0.1, MAX_TIMEOUT_S)?;
     // 0: no check (remote.rs, "Read-only node exports").
@@ -723,109 +1011,76 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
         None
     } else {
         let check = seconds("read_only_check_s", f.read_only_check_s, 0.1, MAX_TIMEOUT_S);
-        Some(check.map_err(|e| format!("{e} (or 0: no check)"))?)
+        Some(check.map_err(|e| match e {
+            GatewaySettingError::Seconds { key, min, max, got, .. } => {
+                GatewaySettingError::Seconds { key, min, max, got, zero_is_off: true }
+            }
+            e => e,
+        })?)
     };
-    if !(50..=600_000).contains(&f.reconnect_max_backoff_ms) {
-        return Err(format!("reconnect_max_backoff_ms must be in 50..=600000, got {}", f.reconnect_max_backoff_ms));
-    }
-    if !(1..=MAX_CONNECTIONS_PER_NODE).contains(&f.connections_per_node) {
-        return Err(format!(
-            "connections_per_node must be in 1..={MAX_CONNECTIONS_PER_NODE}, got {}",
-            f.connections_per_node
-        ));
-    }
-    if !(1..=MAX_WORKER_THREADS).contains(&f.worker_threads) {
-        return Err(format!("worker_threads must be in 1..={MAX_WORKER_THREADS}, got {}", f.worker_threads));
-    }
-    let tls = f
-        .tls
-        .as_ref()
-        .map(|t| tls_config(t, base))
-        .transpose()
-        .map_err(|e| e.to_string())?
-        .filter(|t| t.mode != rein_proto::nbd::TlsMode::Off);
-    let d = ConnCaps::default();
-    let total = f.max_connections.unwrap_or(d.total);
-    let cap = |key: &str, v: usize| {
-        if v == 0 || v > MAX_CONNECTIONS_LIMIT {
-            Err(format!("{key} must be in 1..={MAX_CONNECTIONS_LIMIT}, got {v}"))
-        } else {
-            Ok(v)
-        }
-    };
-    let caps = ConnCaps {
-        total: cap("max_connections", total)?,
-        per_client: cap("max_connections_per_client", f.max_connections_per_client.unwrap_or(d.per_client.min(total)))?,
-        per_tenant: cap("max_connections_per_tenant", f.max_connections_per_tenant.unwrap_or(d.per_tenant.min(total)))?,
-    };
-    for (key, mb) in
-        [("max_inflight_mb", f.max_inflight_mb), ("max_inflight_mb_per_tenant", f.max_inflight_mb_per_tenant)]
-    {
-        if mb == 0 || mb > crate::budget::MAX_INFLIGHT_MB {
-            return Err(format!("{key} must be in 1..={}, got {mb}", crate::budget::MAX_INFLIGHT_MB));
-        }
-    }
-    let (idle_timeout, stall_timeout) =
-        crate::config::conn_timeouts(f.idle_timeout_s, f.stall_timeout_s).map_err(|e| e.to_string())?;
+    in_range("reconnect_max_backoff_ms", f.reconnect_max_backoff_ms, 50, 600_000)?;
+    in_range("connections_per_node", f.connections_per_node as u64, 1, MAX_CONNECTIONS_PER_NODE as u64)?;
+    in_range("worker_threads", f.worker_threads as u64, 1, MAX_WORKER_THREADS as u64)?;
+    let tls =
+        f.tls.as_ref().map(|t| tls_config(t, base)).transpose()?.filter(|t| t.mode != rein_proto::nbd::TlsMode::Off);
+    let caps = conn_caps(f.max_connections, f.max_connections_per_client, f.max_connections_per_tenant)?;
+    in_range("max_inflight_mb", f.max_inflight_mb, 1, crate::budget::MAX_INFLIGHT_MB)?;
+    in_range("max_inflight_mb_per_tenant", f.max_inflight_mb_per_tenant, 1, crate::budget::MAX_INFLIGHT_MB)?;
+    let (idle_timeout, stall_timeout) = crate::config::conn_timeouts(f.idle_timeout_s, f.stall_timeout_s)?;
     let shutdown_timeout = if f.shutdown_timeout_s == 0.0 {
         Duration::ZERO
     } else {
         seconds("shutdown_timeout_s", f.shutdown_timeout_s, 0.0, 3600.0)?
     };
-    if f.max_request_kb == 0 || f.max_request_kb > 128 * 1024 {
-        return Err(format!("max_request_kb must be in 1..=131072, got {}", f.max_request_kb));
-    }
+    in_range("max_request_kb", f.max_request_kb, 1, 128 * 1024)?;
     // Nodes.
     if f.nodes.is_empty() {
-        return Err("at least one [[nodes]] is needed".into());
+        return Err(GatewaySettingError::NoNodes);
     }
     if f.nodes.len() > MAX_NODES {
-        return Err(format!("at most {MAX_NODES} [[nodes]], got {}", f.nodes.len()));
+        return Err(GatewaySettingError::TooManyNodes { max: MAX_NODES, got: f.nodes.len() });
     }
     let node_tls = match &f.node_tls {
         None => None,
-        Some(t) if t.name.is_some() => {
-            return Err("node_tls.name: a gateway names each node's certificate in [[nodes]] tls_name".into())
-        }
+        Some(t) if t.name.is_some() => return Err(GatewaySettingError::NodeTlsName),
         // One context for every node, which a reload replaces for all of them at once.
-        Some(t) => Some(crate::tls::LiveTlsClient::new(t.build(base, "node_tls").map_err(|e| e.to_string())?)),
+        Some(t) => Some(crate::tls::LiveTlsClient::new(
+            t.build(base, "node_tls").map_err(|e| GatewaySettingError::NodeTls(Box::new(e)))?,
+        )),
     };
     let mut nodes: Vec<NodeSpec> = Vec::new();
     for n in &f.nodes {
         if n.name.is_empty() {
-            return Err("a [[nodes]] entry has an empty name".into());
+            return Err(GatewaySettingError::EmptyNodeName);
         }
         if n.name.len() > MAX_NODE_NAME_LEN {
-            return Err(format!(
-                "node {:?}...: name must be at most {MAX_NODE_NAME_LEN} bytes, got {}",
-                n.name.chars().take(16).collect::<String>(),
-                n.name.len()
-            ));
+            return Err(GatewaySettingError::NodeNameLength { name: n.name.clone(), max: MAX_NODE_NAME_LEN });
         }
         if nodes.iter().any(|x| x.name == n.name) {
-            return Err(format!("node name {:?} is repeated", n.name));
+            return Err(GatewaySettingError::RepeatedNode { name: n.name.clone() });
         }
+        let node_error = |error| GatewaySettingError::Node { node: n.name.clone(), error };
         let address = NodeAddress::parse(&n.address, base)
-            .map_err(|e| format!("node {}: address {:?}: {e}", n.name, n.address))?;
+            .map_err(|error| node_error(NodeSettingError::Address { text: n.address.clone(), error }))?;
         let protocol = match n.protocol.as_deref() {
             None | Some("auto") => NodeProtocol::Auto,
             Some("nbd") => NodeProtocol::Nbd,
             Some("rein") => NodeProtocol::Rein,
-            Some(o) => return Err(format!("node {}: protocol {o:?}: expected rein, nbd or auto", n.name)),
+            Some(o) => return Err(node_error(NodeSettingError::Protocol { got: o.to_string() })),
         };
         let tls = match (n.tls.unwrap_or(node_tls.is_some()), &node_tls) {
             (false, _) => {
                 if n.tls_name.is_some() {
-                    return Err(format!("node {}: tls_name needs TLS on the link ([node_tls], tls = true)", n.name));
+                    return Err(node_error(NodeSettingError::TlsNameWithoutTls));
                 }
                 None
             }
-            (true, None) => return Err(format!("node {}: tls = true needs a [node_tls] table", n.name)),
+            (true, None) => return Err(node_error(NodeSettingError::TlsWithoutNodeTls)),
             (true, Some(client)) => {
                 let name = match &n.tls_name {
                     None => address.default_tls_name(),
                     Some(t) if t.is_empty() || t.len() > MAX_TLS_NAME || t.contains('\0') => {
-                        return Err(format!("node {}: tls_name must have 1..={MAX_TLS_NAME} bytes without NUL", n.name))
+                        return Err(node_error(NodeSettingError::TlsName { max: MAX_TLS_NAME }))
                     }
                     Some(t) => t.clone(),
                 };
@@ -842,38 +1097,35 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             checks: Default::default(),
         });
     }
-    let node_index = |owner: &str, key: &str, name: &str| {
-        nodes.iter().position(|n| n.name == name).ok_or_else(|| format!("{owner}: {key} names unknown node {name:?}"))
-    };
+    let node_index = |name: &str| nodes.iter().position(|n| n.name == name);
     // Tenants.
     let mut tenants: Vec<GatewayTenant> = Vec::new();
     // A set for the repeat check (as rein serve's): the file's tenants are not bounded by its volumes.
     let mut names = std::collections::HashSet::with_capacity(f.tenants.len());
     for t in &f.tenants {
         if t.name.is_empty() {
-            return Err("a [[tenants]] entry has an empty name".into());
+            return Err(SettingError::EmptyTenantName.into());
         }
         if !names.insert(t.name.as_str()) {
-            return Err(format!("tenant name {:?} is repeated", t.name));
+            return Err(SettingError::RepeatedTenant { name: t.name.clone() }.into());
         }
         if t.name.len() > MAX_NODE_NAME_LEN || t.name.contains('\0') {
-            return Err(format!(
-                "tenant {:?}: name must be at most {MAX_NODE_NAME_LEN} bytes without NUL (the storage-node protocol's limit)",
-                t.name
-            ));
+            return Err(GatewaySettingError::TenantName { name: t.name.clone(), max: MAX_NODE_NAME_LEN });
         }
         let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
-            .map_err(|e| format!("tenant {}: {e}", t.name))?;
+            .map_err(|error| SettingError::TenantSpec { tenant: t.name.clone(), error })?;
+        let tenant_error = |error| GatewaySettingError::Tenant { tenant: t.name.clone(), error };
         let rho = match t.reservation_split.as_deref() {
             None | Some("spread") => false,
             Some("rho") => true,
-            Some(o) => return Err(format!("tenant {}: reservation_split {o:?}: expected spread or rho", t.name)),
+            Some(o) => return Err(tenant_error(TenantSettingError::ReservationSplit { got: o.to_string() })),
         };
         let mut server_reservations = vec![0.0; nodes.len()];
         for (node, &r) in &t.server_reservations {
-            let j = node_index(&format!("tenant {}", t.name), "server_reservations", node)?;
+            let j =
+                node_index(node).ok_or_else(|| tenant_error(TenantSettingError::UnknownNode { node: node.clone() }))?;
             if !(r.is_finite() && r >= 0.0) {
-                return Err(format!("tenant {}: server_reservations.{node} must be finite and >= 0, got {r}", t.name));
+                return Err(tenant_error(TenantSettingError::ServerReservation { node: node.clone(), got: r }));
             }
             server_reservations[j] = r;
         }
@@ -881,39 +1133,42 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
     }
     // Volumes.
     if f.exports.is_empty() {
-        return Err("at least one [[exports]] is needed".into());
+        return Err(SettingError::NoExports.into());
     }
     if f.exports.len() > MAX_VOLUMES {
-        return Err(format!("at most {MAX_VOLUMES} [[exports]], got {}", f.exports.len()));
+        return Err(GatewaySettingError::TooManyExports { max: MAX_VOLUMES, got: f.exports.len() });
     }
     let mut exports: Vec<GatewayVolume> = Vec::new();
     for e in &f.exports {
         if e.name.is_empty() || e.name.len() > 4096 {
-            return Err("an [[exports]] entry has an empty name or one longer than 4096 bytes (NBD's limit)".into());
+            return Err(GatewaySettingError::ExportName);
         }
         if exports.iter().any(|x| x.name == e.name) {
-            return Err(format!("export name {:?} is repeated", e.name));
+            return Err(GatewaySettingError::RepeatedExport { name: e.name.clone() });
         }
-        let owner = format!("export {}", e.name);
+        let volume_error = |error| GatewaySettingError::Volume { export: e.name.clone(), error: Box::new(error) };
         let size = e
             .size_mb
             .checked_mul(1 << 20)
             .filter(|&s| s > 0 && s <= crate::config::MAX_EXPORT_BYTES)
-            .ok_or_else(|| format!("{owner}: size_mb must be in 1..=2^30, got {}", e.size_mb))?;
+            .ok_or_else(|| volume_error(VolumeSettingError::Size { got: e.size_mb }))?;
         if e.stripe_kb == 0 || e.stripe_kb > MAX_STRIPE_KB {
-            return Err(format!("{owner}: stripe_kb must be in 1..={MAX_STRIPE_KB}, got {}", e.stripe_kb));
+            return Err(volume_error(VolumeSettingError::StripeKb { got: e.stripe_kb, max: MAX_STRIPE_KB }));
         }
         let widths = match &e.widths {
             None => vec![1; nodes.len()],
             Some(map) => {
                 let mut w = vec![0; nodes.len()];
                 for (node, &width) in map {
-                    w[node_index(&owner, "widths", node)?] = width;
+                    let j = node_index(node)
+                        .ok_or_else(|| volume_error(VolumeSettingError::UnknownNode { node: node.clone() }))?;
+                    w[j] = width;
                 }
                 w
             }
         };
-        let stripe = Stripe::new(e.stripe_kb << 10, &widths).map_err(|err| format!("{owner}: {err}"))?;
+        let stripe =
+            Stripe::new(e.stripe_kb << 10, &widths).map_err(|error| volume_error(VolumeSettingError::Stripe(error)))?;
         let tname = e.tenant.clone().unwrap_or_else(|| e.name.clone());
         let tenant = match tenants.iter().position(|t| t.name == tname) {
             Some(i) => i,
@@ -926,7 +1181,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
                 });
                 tenants.len() - 1
             }
-            None => return Err(format!("{owner}: tenant names unknown tenant {tname:?}")),
+            None => return Err(volume_error(VolumeSettingError::UnknownTenant { tenant: tname })),
         };
         let node_exports: Vec<String> = f
             .nodes
@@ -934,23 +1189,18 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             .map(|n| e.node_export.clone().or_else(|| n.export.clone()).unwrap_or_else(|| e.name.clone()))
             .collect();
         if let Some(long) = node_exports.iter().find(|x| x.len() > rein_proto::nbd::MAX_NAME_LEN) {
-            return Err(format!(
-                "{owner}: the node export name {:?}... has {} bytes; NBD allows at most {}",
-                long.chars().take(16).collect::<String>(),
-                long.len(),
-                rein_proto::nbd::MAX_NAME_LEN
-            ));
+            return Err(volume_error(VolumeSettingError::NodeExportName {
+                name: long.clone(),
+                max: rein_proto::nbd::MAX_NAME_LEN,
+            }));
         }
-        let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities).map_err(|e| e.to_string())?;
+        let access = parse_access(&e.name, &e.allow_networks, &e.allow_identities)?;
         let read_only = e.read_only;
         exports.push(GatewayVolume { name: e.name.clone(), tenant, size, stripe, node_exports, access, read_only });
     }
     let sessions = node_sessions(&exports, nodes.len(), f.connections_per_node);
     if sessions > MAX_NODE_SESSIONS {
-        return Err(format!(
-            "the exports' nodes times connections_per_node make {sessions} node connections, above the bound of \
-             {MAX_NODE_SESSIONS} (each a task, buffers and a descriptor)"
-        ));
+        return Err(GatewaySettingError::Sessions { sessions, max: MAX_NODE_SESSIONS });
     }
     // Invariant 3: a node export holds one volume's units, from its offset 0; a second user (another
     // volume, or the same volume through a second entry for that node) would overwrite them.
@@ -959,20 +1209,21 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
         for (j, n) in nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)) {
             let key = (&n.address, v.node_exports[j].as_str());
             if let Some((other, other_node)) = holders.insert(key, (&v.name, &n.name)) {
-                let whose = if other == v.name { "this export's too".to_string() } else { format!("export {other}'s") };
-                return Err(format!(
-                    "export {}: node {}'s export {:?} at {} is {whose} (through node {other_node}): two layouts on \
-                     one node export would overwrite each other's data",
-                    v.name, n.name, key.1, n.address
-                ));
+                return Err(GatewaySettingError::Volume {
+                    export: v.name.clone(),
+                    error: Box::new(VolumeSettingError::SharedNodeExport {
+                        node: n.name.clone(),
+                        node_export: key.1.to_string(),
+                        address: n.address.clone(),
+                        other: (other != v.name).then(|| other.to_string()),
+                        other_node: other_node.to_string(),
+                    }),
+                });
             }
         }
     }
     if let Some(t) = tenants.iter().find(|t| t.name.len() > MAX_NODE_NAME_LEN) {
-        return Err(format!(
-            "tenant {:?} (an export's own): name must be at most {MAX_NODE_NAME_LEN} bytes (the storage-node protocol's limit)",
-            t.name
-        ));
+        return Err(GatewaySettingError::ExportTenantName { name: t.name.clone(), max: MAX_NODE_NAME_LEN });
     }
     let default_export = match &f.default_export {
         None => None,
@@ -980,7 +1231,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, String
             exports
                 .iter()
                 .position(|e| e.name == *d)
-                .ok_or_else(|| format!("default_export names unknown export {d:?}"))?,
+                .ok_or_else(|| GatewaySettingError::DefaultExport { name: d.clone() })?,
         ),
     };
     Ok(GatewayConfig {
@@ -2637,6 +2888,9 @@ fn admin_router(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin_guard::AdminAccessError;
+    use crate::config::{AccessError, ExportError};
+    use crate::sock::NodeAddressError;
 
     fn parse(top: &str) -> Result<GatewayConfig, GatewayConfigError> {
         let text = format!(
@@ -2939,6 +3193,166 @@ mod tests {
         assert!(e.contains("node name \"s1\" is repeated"), "{e}");
         let e = parse("[[exports]]\nname = \"v\"\nsize_mb = 1").unwrap_err().to_string();
         assert!(e.contains("export name \"v\" is repeated"), "{e}");
+    }
+
+    /// Each refusal's whole message, as operators saw it when validation returned strings: the keys gw.toml
+    /// shares with rein.toml (ranges, timeouts, the front, the admin keys, `[tls]`, tenants, access lists)
+    /// word for word as rein serve says them, then the gateway's own (nodes, tenants' node keys, volumes).
+    #[test]
+    fn refusals_read_as_before() {
+        let node = "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n";
+        let export = "[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        let tenant = "[[tenants]]\nname = \"t\"\n";
+        let long = "n".repeat(300);
+        let mb = crate::budget::MAX_INFLIGHT_MB;
+        for (text, want) in [
+            (format!("reconnect_max_backoff_ms = 49\n{node}{export}"), "reconnect_max_backoff_ms must be in 50..=600000, got 49".to_string()),
+            (format!("max_connections_per_client = 0\n{node}{export}"), "max_connections_per_client must be in 1..=65536, got 0".into()),
+            (format!("max_connections = 70000\n{node}{export}"), "max_connections must be in 1..=65536, got 70000".into()),
+            (format!("max_inflight_mb_per_tenant = 0\n{node}{export}"), format!("max_inflight_mb_per_tenant must be in 1..={mb}, got 0")),
+            (format!("max_request_kb = 0\n{node}{export}"), "max_request_kb must be in 1..=131072, got 0".into()),
+            (format!("worker_threads = 0\n{node}{export}"), "worker_threads must be in 1..=1024, got 0".into()),
+            (format!("read_only_check_s = 0.05\n{node}{export}"), "read_only_check_s must be in 0.1..=3600 seconds, got 0.05 (or 0: no check)".into()),
+            (format!("request_timeout_s = 3600.5\n{node}{export}"), "request_timeout_s must be in 0.1..=3600 seconds, got 3600.5".into()),
+            (format!("shutdown_timeout_s = 3601\n{node}{export}"), "shutdown_timeout_s must be in 0..=3600 seconds, got 3601".into()),
+            (format!("stall_timeout_s = 604801\n{node}{export}"), "stall_timeout_s must be in 0..=604800 (0: never), got 604801".into()),
+            (format!("listen = \"nowhere\"\n{node}{export}"), "listen \"nowhere\": invalid socket address syntax (expected address:port)".into()),
+            (format!("max_admin_connections = 0\n{node}{export}"), "max_admin_connections must be in 1..=4096, got 0".into()),
+            (format!("[tls]\nmode = \"always\"\n{node}{export}"), "tls.mode \"always\": expected off, on or require".into()),
+            (format!("[node_tls]\nname = \"x\"\n{node}{export}"), "node_tls.name: a gateway names each node's certificate in [[nodes]] tls_name".into()),
+            (export.to_string(), "at least one [[nodes]] is needed".into()),
+            (format!("[[nodes]]\nname = \"\"\naddress = \"127.0.0.1:1\"\n{export}"), "a [[nodes]] entry has an empty name".into()),
+            (format!("[[nodes]]\nname = \"{long}\"\naddress = \"127.0.0.1:1\"\n{export}"), "node \"nnnnnnnnnnnnnnnn\"...: name must be at most 255 bytes, got 300".into()),
+            (format!("{node}protocol = \"tcp\"\n{export}"), "node s1: protocol \"tcp\": expected rein, nbd or auto".into()),
+            (format!("{node}tls_name = \"x\"\n{export}"), "node s1: tls_name needs TLS on the link ([node_tls], tls = true)".into()),
+            (format!("{node}tls = true\n{export}"), "node s1: tls = true needs a [node_tls] table".into()),
+            (format!("[[nodes]]\nname = \"s1\"\naddress = \"nowhere\"\n{export}"), "node s1: address \"nowhere\": invalid socket address syntax (expected an IP address and port, such as 10.0.0.11:10809, or unix:PATH for a local socket; host names are not resolved)".into()),
+            (format!("[[nodes]]\nname = \"s1\"\naddress = \"unix:\"\n{export}"), "node s1: address \"unix:\": an empty Unix socket path".into()),
+            (format!("{node}{tenant}{tenant}{export}"), "tenant name \"t\" is repeated".into()),
+            (format!("{node}[[tenants]]\nname = \"\"\n{export}"), "a [[tenants]] entry has an empty name".into()),
+            (format!("{node}{tenant}reservation = 10\nlimit = 5\n{export}"), "tenant t: reservation 10 exceeds limit 5".into()),
+            (format!("{node}{tenant}reservation_split = \"x\"\n{export}"), "tenant t: reservation_split \"x\": expected spread or rho".into()),
+            (format!("{node}{tenant}server_reservations = {{ s9 = 1 }}\n{export}"), "tenant t: server_reservations names unknown node \"s9\"".into()),
+            (format!("{node}{tenant}server_reservations = {{ s1 = -1 }}\n{export}"), "tenant t: server_reservations.s1 must be finite and >= 0, got -1".into()),
+            (node.to_string(), "at least one [[exports]] is needed".into()),
+            (format!("{node}[[exports]]\nname = \"\"\nsize_mb = 1\n"), "an [[exports]] entry has an empty name or one longer than 4096 bytes (NBD's limit)".into()),
+            (format!("{node}[[exports]]\nname = \"v\"\nsize_mb = 0\n"), "export v: size_mb must be in 1..=2^30, got 0".into()),
+            (format!("{node}{export}stripe_kb = 0\n"), format!("export v: stripe_kb must be in 1..={MAX_STRIPE_KB}, got 0")),
+            (format!("{node}{export}widths = {{ s9 = 1 }}\n"), "export v: widths names unknown node \"s9\"".into()),
+            (format!("{node}{export}tenant = \"zz\"\n"), "export v: tenant names unknown tenant \"zz\"".into()),
+            (format!("{node}{export}node_export = \"{}\"\n", "e".repeat(5000)), "export v: the node export name \"eeeeeeeeeeeeeeee\"... has 5000 bytes; NBD allows at most 4096".into()),
+            (format!("{node}{export}allow_networks = [\"x\"]\n"), "export v: allow_networks entry \"x\" is not a CIDR network (e.g. 10.0.0.0/8)".into()),
+            (format!("default_export = \"w\"\n{node}{export}"), "default_export names unknown export \"w\"".into()),
+            (format!("[parda_host]\n{node}{export}"), "[parda_host] needs a [parda] table (latency_threshold_ms at least)".into()),
+        ] {
+            let e = GatewayConfig::parse(&text, Path::new("gw.toml")).map(|_| ()).expect_err(&text).to_string();
+            assert_eq!(e, format!("gateway config: {want}"), "{text}");
+        }
+    }
+
+    /// The refusals are typed: the keys gw.toml shares with rein.toml are rein.toml's [`SettingError`]
+    /// (one range check, one message), the gateway's own carry the node, tenant or volume, the value and
+    /// the bound.
+    #[test]
+    fn refusals_are_typed_with_the_key_value_and_bound() {
+        let invalid = |text: &str| match GatewayConfig::parse(text, Path::new("gw.toml")) {
+            Err(GatewayConfigError::Invalid(e)) => e,
+            other => panic!("not refused as invalid: {:?}", other.map(|_| ())),
+        };
+        let node = "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n";
+        let export = "[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        let e = invalid(&format!("reconnect_max_backoff_ms = 49\n{node}{export}"));
+        assert!(
+            matches!(
+                e,
+                GatewaySettingError::Setting(SettingError::Range {
+                    key: "reconnect_max_backoff_ms",
+                    min: 50,
+                    max: 600_000,
+                    got: 49
+                })
+            ),
+            "{e:?}"
+        );
+        let e = invalid(&format!("max_connections_per_tenant = 0\n{node}{export}"));
+        assert!(
+            matches!(
+                e,
+                GatewaySettingError::Setting(SettingError::Range { key: "max_connections_per_tenant", got: 0, .. })
+            ),
+            "{e:?}"
+        );
+        let e = invalid(&format!("idle_timeout_s = 604801\n{node}{export}"));
+        assert!(
+            matches!(e, GatewaySettingError::Setting(SettingError::Timeout { key: "idle_timeout_s", got: 604801, .. })),
+            "{e:?}"
+        );
+        let e = invalid(&format!("read_only_check_s = 0.05\n{node}{export}"));
+        assert!(
+            matches!(e, GatewaySettingError::Seconds { key: "read_only_check_s", got, zero_is_off: true, .. } if got == 0.05),
+            "{e:?}"
+        );
+        let e = invalid(&format!("connect_timeout_s = 0.05\n{node}{export}"));
+        assert!(
+            matches!(e, GatewaySettingError::Seconds { key: "connect_timeout_s", min, zero_is_off: false, .. } if min == 0.1),
+            "{e:?}"
+        );
+        let e = invalid(&format!("admin_idle_timeout_s = 0\n{node}{export}"));
+        assert!(matches!(e, GatewaySettingError::AdminAccess(AdminAccessError::IdleTimeout { .. })), "{e:?}");
+        // A node's refusal names the node, then what is wrong with it.
+        let e = invalid(&format!("{node}protocol = \"tcp\"\n{export}"));
+        assert!(
+            matches!(&e, GatewaySettingError::Node { node, error: NodeSettingError::Protocol { got } } if node == "s1" && got == "tcp"),
+            "{e:?}"
+        );
+        let e = invalid(&format!("[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:0\"\n{export}"));
+        assert!(
+            matches!(&e, GatewaySettingError::Node { error: NodeSettingError::Address { text, error: NodeAddressError::PortZero }, .. } if text == "127.0.0.1:0"),
+            "{e:?}"
+        );
+        let e = invalid(&format!("listen = \"127.0.0.1:1\"\n{node}{export}"));
+        assert!(
+            matches!(&e, GatewaySettingError::Node { node, error: NodeSettingError::OwnFront { front, .. } } if node == "s1" && front == "127.0.0.1:1"),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{node}[[tenants]]\nname = \"t\"\nserver_reservations = {{ s9 = 1 }}\n{export}"));
+        assert!(
+            matches!(&e, GatewaySettingError::Tenant { tenant, error: TenantSettingError::UnknownNode { node } } if tenant == "t" && node == "s9"),
+            "{e:?}"
+        );
+        // A volume's: its name, then the key, the value and the bound.
+        let e = invalid(&format!("{node}{export}stripe_kb = 0\n"));
+        assert!(
+            matches!(&e, GatewaySettingError::Volume { export, error } if export == "v" && matches!(**error, VolumeSettingError::StripeKb { got: 0, max: MAX_STRIPE_KB })),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{node}{export}widths = {{ s9 = 1 }}\n"));
+        assert!(
+            matches!(&e, GatewaySettingError::Volume { error, .. } if matches!(&**error, VolumeSettingError::UnknownNode { node } if node == "s9")),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{node}{export}allow_identities = [\"\"]\n"));
+        assert!(
+            matches!(
+                &e,
+                GatewaySettingError::Setting(SettingError::Export {
+                    export,
+                    error: ExportError::Access(AccessError::EmptyEntry { key: "allow_identities" })
+                }) if export == "v"
+            ),
+            "{e:?}"
+        );
+        let twice = format!("{node}[[nodes]]\nname = \"s2\"\naddress = \"127.0.0.1:1\"\n{export}");
+        let e = invalid(&twice);
+        assert!(
+            matches!(&e, GatewaySettingError::Volume { export, error } if export == "v" && matches!(&**error, VolumeSettingError::SharedNodeExport { node, other: None, other_node, .. } if node == "s2" && other_node == "s1")),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{node}{export}[[exports]]\nname = \"w\"\nsize_mb = 1\nnode_export = \"v\"\n"));
+        assert!(
+            matches!(&e, GatewaySettingError::Volume { export, error } if export == "w" && matches!(&**error, VolumeSettingError::SharedNodeExport { other: Some(other), .. } if other == "v")),
+            "{e:?}"
+        );
     }
 
     /// The start-up hint: only for a guest whose vCPUs halt at once (polling 0), never for an absent or

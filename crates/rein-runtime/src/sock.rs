@@ -258,18 +258,13 @@ pub enum NodeAddress {
 impl NodeAddress {
     /// Parses `ADDRESS:PORT` or `unix:PATH` (a relative PATH is taken from `base`). The error names
     /// what is wrong, without the node's name (the caller adds it).
-    pub fn parse(text: &str, base: &Path) -> Result<NodeAddress, String> {
+    pub fn parse(text: &str, base: &Path) -> Result<NodeAddress, NodeAddressError> {
         if let Some(path) = text.strip_prefix("unix:") {
-            return Ok(NodeAddress::Unix(unix_path(path, base).map_err(|e| e.to_string())?));
+            return Ok(NodeAddress::Unix(unix_path(path, base).map_err(NodeAddressError::Unix)?));
         }
-        let a: SocketAddr = text.parse().map_err(|e| {
-            format!(
-                "{e} (expected an IP address and port, such as 10.0.0.11:10809, or unix:PATH for a local socket; \
-                 host names are not resolved)"
-            )
-        })?;
+        let a: SocketAddr = text.parse().map_err(|error| NodeAddressError::Address { error })?;
         if a.port() == 0 {
-            return Err("port 0 (a node listens on a port of its own)".into());
+            return Err(NodeAddressError::PortZero);
         }
         Ok(NodeAddress::Tcp(a))
     }
@@ -292,6 +287,26 @@ impl NodeAddress {
             NodeAddress::Unix(_) => "localhost".into(),
         }
     }
+}
+
+/// Why a node's address is refused ([`NodeAddress::parse`]); the caller names the node and the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeAddressError {
+    /// `unix:PATH` with a path that cannot be a socket's.
+    #[error("{0}")]
+    Unix(UnixPathError),
+    /// Neither `unix:PATH` nor an IP address and port.
+    #[error(
+        "{error} (expected an IP address and port, such as 10.0.0.11:10809, or unix:PATH for a local socket; \
+         host names are not resolved)"
+    )]
+    Address {
+        /// Why it is no socket address.
+        error: std::net::AddrParseError,
+    },
+    /// Port 0.
+    #[error("port 0 (a node listens on a port of its own)")]
+    PortZero,
 }
 
 impl fmt::Display for NodeAddress {
@@ -667,11 +682,11 @@ mod tests {
         assert_eq!(NodeAddress::parse("unix:/run/n.sock", base).unwrap(), NodeAddress::Unix("/run/n.sock".into()));
         assert_eq!(NodeAddress::parse("unix:n.sock", base).unwrap(), NodeAddress::Unix("/etc/rein/n.sock".into()));
         assert_eq!(NodeAddress::parse("unix:/run/n.sock", base).unwrap().to_string(), "unix:/run/n.sock");
-        assert!(NodeAddress::parse("nowhere", base).unwrap_err().contains("or unix:PATH"));
-        assert!(NodeAddress::parse("127.0.0.2:0", base).unwrap_err().contains("port 0"));
-        assert!(NodeAddress::parse("unix:", base).unwrap_err().contains("empty"));
+        assert!(NodeAddress::parse("nowhere", base).unwrap_err().to_string().contains("or unix:PATH"));
+        assert!(NodeAddress::parse("127.0.0.2:0", base).unwrap_err().to_string().contains("port 0"));
+        assert!(NodeAddress::parse("unix:", base).unwrap_err().to_string().contains("empty"));
         let long = format!("unix:/{}", "a".repeat(MAX_UNIX_PATH));
-        assert!(NodeAddress::parse(&long, base).unwrap_err().contains("at most 107"));
+        assert!(NodeAddress::parse(&long, base).unwrap_err().to_string().contains("at most 107"));
         // At the bound: 107 bytes is accepted.
         let at = format!("unix:/{}", "a".repeat(MAX_UNIX_PATH - 1));
         assert!(NodeAddress::parse(&at, base).is_ok());
@@ -731,6 +746,12 @@ mod tests {
         let e = UnixListen::from_command_line("", None).unwrap_err();
         assert_eq!(e, UnixListenError::CommandLine(UnixPathError::Empty));
         assert_eq!(e.to_string(), "--listen-unix: an empty Unix socket path");
+        // A node's address: the path's own refusal, a socket address's, or port 0.
+        assert_eq!(NodeAddress::parse("unix:", base), Err(NodeAddressError::Unix(UnixPathError::Empty)));
+        assert_eq!(NodeAddress::parse("127.0.0.2:0", base), Err(NodeAddressError::PortZero));
+        let e = NodeAddress::parse("node1:10809", base).unwrap_err();
+        assert!(matches!(e, NodeAddressError::Address { .. }), "{e:?}");
+        assert!(e.to_string().ends_with("unix:PATH for a local socket; host names are not resolved)"), "{e}");
     }
 
     #[test]
