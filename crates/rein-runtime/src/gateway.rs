@@ -390,7 +390,7 @@ pub enum GatewaySettingError {
     PardaHostWithoutParda,
     /// `[parda]` or `[parda_host]` is refused; the message names the key.
     #[error("{0}")]
-    Parda(String),
+    Parda(crate::parda_host::PardaHostError),
     /// `[mclock]` without `[parda]`.
     #[error(
         "[mclock] sets a PARDA host's local scheduler, and this gateway has no [parda] table (a gateway \
@@ -3353,6 +3353,37 @@ mod tests {
             matches!(&e, GatewaySettingError::Volume { export, error } if export == "w" && matches!(&**error, VolumeSettingError::SharedNodeExport { other: Some(other), .. } if other == "v")),
             "{e:?}"
         );
+    }
+
+    /// `[parda]` and `[parda_host]`'s refusals, whole, as operators saw them when the host's validation
+    /// returned strings.
+    #[test]
+    fn parda_host_refusals_read_as_before() {
+        let cluster = "[parda]\nlatency_threshold_ms = 10\naggregation = \"cluster\"\n";
+        let local = "[parda]\nlatency_threshold_ms = 10\naggregation = \"local\"\n";
+        let peer = |id: u32, address: &str| format!("{{ id = {id}, address = \"{address}\" }}");
+        for (top, want) in [
+            (format!("{local}aggregation_delay_ms = 5\n"), "parda: aggregation_delay_ms models the shared board's delay in the simulator; a real host's reports take as long as their transport does (remove the key)".to_string()),
+            (format!("{local}[parda_host]\nid = 5000\n"), "parda_host: id must be below 4096, got 5000".into()),
+            (format!("{local}[parda_host]\nwindow = 8\n"), "parda_host: window is the fixed issue queue of an uncontrolled host (controlled = false, or [parda] enabled = false); a PARDA host's window is bounded by [parda] w_min / w_max".into()),
+            (format!("{local}[parda_host]\nbeta = -1\n"), "parda_host: beta must be a positive number at most 1000000, got -1".into()),
+            (format!("{cluster}[parda_host]\nudp = \"127.0.0.1:1\"\nboard = \"b\"\n"), "parda_host: give udp (with peers) or board, not both".into()),
+            (format!("{cluster}[parda_host]\npeers = [{}]\n", peer(1, "127.0.0.1:2")), "parda_host: peers are the other hosts' UDP sockets; give this host's as udp".into()),
+            (format!("{local}[parda_host]\nboard = \"b\"\n"), "parda_host: udp / board are the cluster aggregation's transport, but [parda] aggregation = \"local\" uses the host's own latency".into()),
+            (format!("{cluster}[parda_host]\ncontrolled = false\nboard = \"b\"\n"), "parda_host: udp / board are the cluster aggregation's transport, but an uncontrolled host publishes nothing".into()),
+            (format!("{cluster}[parda_host]\nudp = \"x\"\n"), "parda_host: udp \"x\" is not an address (ip:port)".into()),
+            (format!("{cluster}[parda_host]\nudp = \"127.0.0.1:1\"\npeers = [{}]\n", peer(5000, "127.0.0.1:2")), "parda_host: peers[0].id must be below 4096, got 5000".into()),
+            (format!("{cluster}[parda_host]\nudp = \"127.0.0.1:1\"\npeers = [{}, {}]\n", peer(1, "127.0.0.1:2"), peer(2, "y")), "parda_host: peers[1].address \"y\" is not an address (ip:port)".into()),
+            (format!("{cluster}[parda_host]\nudp = \"127.0.0.1:1\"\npeers = [{}, {}]\n", peer(1, "127.0.0.1:2"), peer(1, "127.0.0.1:3")), "parda_host: two peers have id 1".into()),
+            (format!("{cluster}[parda_host]\nboard = \"b\"\nboard_slots = 0\n"), "parda_host: board_slots must be in 1..=4096, got 0".into()),
+            (format!("{cluster}[parda_host]\nboard = \"b\"\nid = 70\n"), "parda_host: id 70 has no slot in a board of 64 (raise board_slots)".into()),
+            (cluster.to_string(), "parda_host: [parda] aggregation = \"cluster\" needs the reports' transport: udp = \"ip:port\" with peers = [{ id, address }], or board = \"PATH\" (a file every host can read and write)".into()),
+            (format!("{local}[parda_host]\nkey_file = \"k\"\n"), "parda_host: key_file signs the reports of the cluster aggregation, which this host does not publish (no udp or board)".into()),
+            (format!("{cluster}[parda_host]\nboard = \"b\"\nkey_identity = \"i\"\n"), "parda_host: key_identity needs key_file".into()),
+        ] {
+            let e = parse(&top).map(|_| ()).expect_err(&top).to_string();
+            assert_eq!(e, format!("gateway config: {want}"), "{top}");
+        }
     }
 
     /// The start-up hint: only for a guest whose vCPUs halt at once (polling 0), never for an absent or

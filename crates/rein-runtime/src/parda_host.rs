@@ -199,6 +199,122 @@ impl HostSettings {
     }
 }
 
+/// Why `[parda]` or `[parda_host]` is refused (gw.toml's validation); the message names the table and key.
+#[derive(Debug, thiserror::Error)]
+pub enum PardaHostError {
+    /// `[parda] period_phase`, a simulator's key.
+    #[error(
+        "parda: period_phase places the simulator's hosts' periods; a real host's periods tick from its start, or \
+         where PUT /api/parda/period puts them (remove the key)"
+    )]
+    PeriodPhase,
+    /// A `[parda]` key is refused (its validation's message, naming the key).
+    #[error("{0}")]
+    Parda(String),
+    /// `[parda] aggregation_delay_ms`, a simulator's key.
+    #[error(
+        "parda: aggregation_delay_ms models the shared board's delay in the simulator; a real host's reports take \
+         as long as their transport does (remove the key)"
+    )]
+    AggregationDelay,
+    /// `id` at or above `max`.
+    #[error("parda_host: id must be below {max}, got {got}")]
+    Id {
+        /// The id given.
+        got: u32,
+        /// The bound ([`MAX_HOSTS`]).
+        max: u32,
+    },
+    /// `window` on a host PARDA controls.
+    #[error(
+        "parda_host: window is the fixed issue queue of an uncontrolled host (controlled = false, or [parda] \
+         enabled = false); a PARDA host's window is bounded by [parda] w_min / w_max"
+    )]
+    WindowWhenControlled,
+    /// The host's controller settings (`beta`, with `[parda]`'s) are refused.
+    #[error("parda_host: {0}")]
+    Host(rein_core::parda::PardaError),
+    /// Both `udp` and `board`.
+    #[error("parda_host: give udp (with peers) or board, not both")]
+    UdpAndBoard,
+    /// `peers` without `udp`.
+    #[error("parda_host: peers are the other hosts' UDP sockets; give this host's as udp")]
+    PeersWithoutUdp,
+    /// `udp` or `board` where no report is published: local aggregation, or an uncontrolled host.
+    #[error(
+        "parda_host: udp / board are the cluster aggregation's transport, but {}",
+        if *uncontrolled { "an uncontrolled host publishes nothing" } else { "[parda] aggregation = \"local\" uses the host's own latency" }
+    )]
+    UnusedTransport {
+        /// The host is uncontrolled (else the aggregation is local).
+        uncontrolled: bool,
+    },
+    /// `udp` is not an address.
+    #[error("parda_host: udp {text:?} is not an address (ip:port)")]
+    Udp {
+        /// The text given.
+        text: String,
+    },
+    /// A peer's id at or above `max`.
+    #[error("parda_host: peers[{index}].id must be below {max}, got {got}")]
+    PeerId {
+        /// The peer's place in `peers`, from 0.
+        index: usize,
+        /// The id given.
+        got: u32,
+        /// The bound ([`MAX_HOSTS`]).
+        max: u32,
+    },
+    /// A peer's address is not an address.
+    #[error("parda_host: peers[{index}].address {text:?} is not an address (ip:port)")]
+    PeerAddress {
+        /// The peer's place in `peers`, from 0.
+        index: usize,
+        /// The text given.
+        text: String,
+    },
+    /// Two peers of one id.
+    #[error("parda_host: two peers have id {id}")]
+    RepeatedPeer {
+        /// The id.
+        id: u32,
+    },
+    /// `board_slots` outside `1..=max`.
+    #[error("parda_host: board_slots must be in 1..={max}, got {got}")]
+    BoardSlots {
+        /// The value given.
+        got: u32,
+        /// The most accepted ([`MAX_HOSTS`]).
+        max: u32,
+    },
+    /// `id` at or above the board's slots.
+    #[error("parda_host: id {id} has no slot in a board of {slots} (raise board_slots)")]
+    NoSlot {
+        /// The host's id.
+        id: u32,
+        /// The board's slots.
+        slots: u32,
+    },
+    /// Cluster aggregation without `udp` or `board`.
+    #[error(
+        "parda_host: [parda] aggregation = \"cluster\" needs the reports' transport: udp = \"ip:port\" with peers = \
+         [{{ id, address }}], or board = \"PATH\" (a file every host can read and write)"
+    )]
+    NoTransport,
+    /// `key_file` on a host that publishes no report.
+    #[error(
+        "parda_host: key_file signs the reports of the cluster aggregation, which this host does not publish (no \
+         udp or board)"
+    )]
+    KeyWithoutTransport,
+    /// `key_file` or `key_identity` cannot be read or used (the message names the key and the file).
+    #[error("{0}")]
+    Key(String),
+    /// `key_identity` without `key_file`.
+    #[error("parda_host: key_identity needs key_file")]
+    IdentityWithoutKey,
+}
+
 /// Validates `[parda]` and `[parda_host]` (`base`: the directory relative paths are taken from). Every
 /// message names the table and key.
 pub(crate) fn validate(
@@ -206,28 +322,22 @@ pub(crate) fn validate(
     host: Option<&PardaHostFile>,
     sched: SchedConfig,
     base: &Path,
-) -> Result<HostSettings, String> {
+) -> Result<HostSettings, PardaHostError> {
     if parda.period_phase.is_some() {
-        return Err("parda: period_phase places the simulator's hosts' periods; a real host's periods tick from \
-                    its start, or where PUT /api/parda/period puts them (remove the key)"
-            .into());
+        return Err(PardaHostError::PeriodPhase);
     }
-    let p = parda.validate()?;
+    let p = parda.validate().map_err(PardaHostError::Parda)?;
     if p.delay != Nanos::ZERO {
-        return Err("parda: aggregation_delay_ms models the shared board's delay in the simulator; a real \
-                    host's reports take as long as their transport does (remove the key)"
-            .into());
+        return Err(PardaHostError::AggregationDelay);
     }
     let default = PardaHostFile { controlled: true, ..PardaHostFile::default() };
     let h = host.unwrap_or(&default);
     if h.id >= MAX_HOSTS {
-        return Err(format!("parda_host: id must be below {MAX_HOSTS}, got {}", h.id));
+        return Err(PardaHostError::Id { got: h.id, max: MAX_HOSTS });
     }
     let runs = h.controlled && p.enabled;
     if h.window.is_some() && runs {
-        return Err("parda_host: window is the fixed issue queue of an uncontrolled host (controlled = false, or \
-                    [parda] enabled = false); a PARDA host's window is bounded by [parda] w_min / w_max"
-            .into());
+        return Err(PardaHostError::WindowWhenControlled);
     }
     let mut settings = HostSettings {
         parda: p,
@@ -239,37 +349,29 @@ pub(crate) fn validate(
         transport: ReportTransport::None,
         key: None,
     };
-    settings.host_config(0).validate().map_err(|e| format!("parda_host: {e}"))?;
+    settings.host_config(0).validate().map_err(PardaHostError::Host)?;
     let p = &settings.parda;
     let given = match (&h.udp, &h.board) {
-        (Some(_), Some(_)) => return Err("parda_host: give udp (with peers) or board, not both".into()),
-        (None, None) if !h.peers.is_empty() => {
-            return Err("parda_host: peers are the other hosts' UDP sockets; give this host's as udp".into())
-        }
+        (Some(_), Some(_)) => return Err(PardaHostError::UdpAndBoard),
+        (None, None) if !h.peers.is_empty() => return Err(PardaHostError::PeersWithoutUdp),
         (u, b) => u.is_some() || b.is_some(),
     };
     let transport = if !runs || p.aggregation == Aggregation::Local {
         if given {
-            let why = if runs {
-                "[parda] aggregation = \"local\" uses the host's own latency"
-            } else {
-                "an uncontrolled host publishes nothing"
-            };
-            return Err(format!("parda_host: udp / board are the cluster aggregation's transport, but {why}"));
+            return Err(PardaHostError::UnusedTransport { uncontrolled: !runs });
         }
         ReportTransport::None
     } else if let Some(u) = &h.udp {
-        let listen: SocketAddr = u.parse().map_err(|_| format!("parda_host: udp {u:?} is not an address (ip:port)"))?;
+        let listen: SocketAddr = u.parse().map_err(|_| PardaHostError::Udp { text: u.clone() })?;
         let mut peers: Vec<(u32, SocketAddr)> = Vec::with_capacity(h.peers.len());
-        for (k, peer) in h.peers.iter().enumerate() {
+        for (index, peer) in h.peers.iter().enumerate() {
             if peer.id >= MAX_HOSTS {
-                return Err(format!("parda_host: peers[{k}].id must be below {MAX_HOSTS}, got {}", peer.id));
+                return Err(PardaHostError::PeerId { index, got: peer.id, max: MAX_HOSTS });
             }
-            let a: SocketAddr = peer.address.parse().map_err(|_| {
-                format!("parda_host: peers[{k}].address {:?} is not an address (ip:port)", peer.address)
-            })?;
+            let a: SocketAddr =
+                peer.address.parse().map_err(|_| PardaHostError::PeerAddress { index, text: peer.address.clone() })?;
             if peers.iter().any(|&(id, _)| id == peer.id) {
-                return Err(format!("parda_host: two peers have id {}", peer.id));
+                return Err(PardaHostError::RepeatedPeer { id: peer.id });
             }
             if peer.id != h.id {
                 peers.push((peer.id, a));
@@ -279,30 +381,27 @@ pub(crate) fn validate(
     } else if let Some(b) = &h.board {
         let slots = h.board_slots.unwrap_or(DEFAULT_BOARD_SLOTS);
         if slots == 0 || slots > MAX_HOSTS {
-            return Err(format!("parda_host: board_slots must be in 1..={MAX_HOSTS}, got {slots}"));
+            return Err(PardaHostError::BoardSlots { got: slots, max: MAX_HOSTS });
         }
         if h.id >= slots {
-            return Err(format!("parda_host: id {} has no slot in a board of {slots} (raise board_slots)", h.id));
+            return Err(PardaHostError::NoSlot { id: h.id, slots });
         }
         ReportTransport::Board { path: base.join(b), slots }
     } else {
-        return Err("parda_host: [parda] aggregation = \"cluster\" needs the reports' transport: udp = \"ip:port\" \
-                    with peers = [{ id, address }], or board = \"PATH\" (a file every host can read and write)"
-            .into());
+        return Err(PardaHostError::NoTransport);
     };
     settings.key = match (&h.key_file, &transport) {
-        (Some(_), ReportTransport::None) => {
-            return Err("parda_host: key_file signs the reports of the cluster aggregation, which this host does \
-                        not publish (no udp or board)"
-                .into())
-        }
-        (Some(f), _) => Some(Arc::new(RecordKey::from_file(
-            &base.join(f),
-            "parda_host.key_file",
-            h.key_identity.as_deref(),
-            "parda_host.key_identity",
-        )?)),
-        (None, _) if h.key_identity.is_some() => return Err("parda_host: key_identity needs key_file".into()),
+        (Some(_), ReportTransport::None) => return Err(PardaHostError::KeyWithoutTransport),
+        (Some(f), _) => Some(Arc::new(
+            RecordKey::from_file(
+                &base.join(f),
+                "parda_host.key_file",
+                h.key_identity.as_deref(),
+                "parda_host.key_identity",
+            )
+            .map_err(PardaHostError::Key)?,
+        )),
+        (None, _) if h.key_identity.is_some() => return Err(PardaHostError::IdentityWithoutKey),
         (None, _) => None,
     };
     settings.transport = transport;
@@ -1194,6 +1293,50 @@ pub fn metrics_text(o: &mut String, s: &HostStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[parda]` and `[parda_host]`'s refusals are typed: the key's value, its bound, the peer's place
+    /// (gateway's `parda_host_refusals_read_as_before` checks their messages).
+    #[test]
+    fn refusals_are_typed_with_the_key_value_and_bound() {
+        #[derive(Deserialize)]
+        struct Tables {
+            parda: PardaFile,
+            parda_host: Option<PardaHostFile>,
+        }
+        let refuse = |text: &str| {
+            let t: Tables = toml::from_str(text).unwrap();
+            match validate(&t.parda, t.parda_host.as_ref(), SchedConfig::default(), Path::new("")) {
+                Err(e) => e,
+                Ok(_) => panic!("accepted: {text}"),
+            }
+        };
+        let cluster = "[parda]\nlatency_threshold_ms = 10\naggregation = \"cluster\"\n[parda_host]\n";
+        let local = "[parda]\nlatency_threshold_ms = 10\naggregation = \"local\"\n[parda_host]\n";
+        let e = refuse(&format!("{local}id = 4096"));
+        assert!(matches!(e, PardaHostError::Id { got: 4096, max: 4096 }), "{e:?}");
+        let e = refuse(&format!("{local}board = \"b\""));
+        assert!(matches!(e, PardaHostError::UnusedTransport { uncontrolled: false }), "{e:?}");
+        let e = refuse(&format!("{cluster}controlled = false\nudp = \"127.0.0.1:1\""));
+        assert!(matches!(e, PardaHostError::UnusedTransport { uncontrolled: true }), "{e:?}");
+        let e = refuse(&format!("{local}beta = -1"));
+        assert!(matches!(e, PardaHostError::Host(_)), "{e:?}");
+        let peers = "udp = \"127.0.0.1:1\"\npeers = [{ id = 1, address = \"127.0.0.1:2\" }, ";
+        let e = refuse(&format!("{cluster}{peers}{{ id = 4096, address = \"127.0.0.1:3\" }}]"));
+        assert!(matches!(e, PardaHostError::PeerId { index: 1, got: 4096, max: 4096 }), "{e:?}");
+        let e = refuse(&format!("{cluster}{peers}{{ id = 2, address = \"h:1\" }}]"));
+        assert!(matches!(&e, PardaHostError::PeerAddress { index: 1, text } if text == "h:1"), "{e:?}");
+        let e = refuse(&format!("{cluster}{peers}{{ id = 1, address = \"127.0.0.1:3\" }}]"));
+        assert!(matches!(e, PardaHostError::RepeatedPeer { id: 1 }), "{e:?}");
+        let e = refuse(&format!("{cluster}board = \"b\"\nboard_slots = 4097"));
+        assert!(matches!(e, PardaHostError::BoardSlots { got: 4097, max: 4096 }), "{e:?}");
+        let e = refuse(&format!("{cluster}board = \"b\"\nboard_slots = 8\nid = 8"));
+        assert!(matches!(e, PardaHostError::NoSlot { id: 8, slots: 8 }), "{e:?}");
+        let e = refuse(&format!("{cluster}board = \"b\"\nkey_file = \"no-such-key-file\""));
+        assert!(matches!(&e, PardaHostError::Key(m) if m.contains("parda_host.key_file")), "{e:?}");
+        let e = refuse(&format!("{cluster}udp = \"nowhere\""));
+        assert!(matches!(&e, PardaHostError::Udp { text } if text == "nowhere"), "{e:?}");
+        assert!(matches!(refuse(cluster), PardaHostError::NoTransport));
+    }
 
     /// [`minutely`]: the first event logged at once, then nothing within the minute, then a line with the
     /// events since.
