@@ -55,6 +55,7 @@
 //! connections from then on, cutting the open ones whose server it revokes ([`crate::tls`], "Reload");
 //! the rest keeps its running value and is named as needing a restart (`apply_reload`).
 
+use crate::config::{AccessError, SettingError};
 use crate::dispatch::Clock;
 use rein_core::pshift::{
     BucketQos, ClosedPeriod, Controller, ControllerConfig, RoundSummary, SolveOptions, MAX_BUCKETS, MAX_ENTRIES,
@@ -226,14 +227,185 @@ pub enum ControllerConfigError {
         /// The parser's message.
         message: String,
     },
-    /// A value is out of range; the message names the key.
-    #[error("{path}: {message}")]
+    /// A value is out of range or inconsistent with another: [`ControllerSettingError`] names the key.
+    #[error("{path}: {error}")]
     Invalid {
         /// The file.
         path: String,
         /// What is wrong.
-        message: String,
+        error: ControllerSettingError,
     },
+}
+
+/// A value in ctl.toml that is refused: which key, the value, and the bound. Its message names the key
+/// once; `listen` and `admin` on one port and the access lists are refused as rein.toml refuses them.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerSettingError {
+    /// `listen` or `admin` is not an address.
+    #[error("{key} {text:?} is not an address (ip:port)")]
+    Address {
+        /// The key.
+        key: &'static str,
+        /// The text given.
+        text: String,
+    },
+    /// A key rein.toml has too, refused as there (`listen` and `admin` on one port, `intervals`,
+    /// `early_rounds`).
+    #[error("{0}")]
+    Setting(SettingError),
+    /// `allow_networks` or `allow_identities` is refused.
+    #[error("{0}")]
+    Access(AccessError),
+    /// `allow_identities` without `[tls]`.
+    #[error("allow_identities needs a [tls] table (an identity is a PSK identity or a client certificate's CN)")]
+    IdentitiesWithoutTls,
+    /// `[tls]`'s credentials cannot be read or do not fit together; the message names the key.
+    #[error("{0}")]
+    Tls(Box<crate::tls::CredentialError>),
+    /// `admin_token_file` is refused.
+    #[error("{0}")]
+    AdminAccess(crate::admin_guard::AdminAccessError),
+    /// A number outside `[min, max]` or not finite (`period_s`, `start_s`, `message_delay_ms`).
+    #[error("{key} must be in [{min}, {max}], got {got}")]
+    Interval {
+        /// The key.
+        key: &'static str,
+        /// The smallest accepted.
+        min: f64,
+        /// The largest accepted.
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+    /// `period_s / intervals` is no whole number of nanoseconds.
+    #[error("period_s / intervals must be a whole number of nanoseconds ({period_s} s / {intervals})")]
+    IntervalTicks {
+        /// `period_s` given.
+        period_s: f64,
+        /// `intervals` given.
+        intervals: u32,
+    },
+    /// `estimator` or `backlog_idle_pct` is refused (rein-model's message, naming the key).
+    #[error("{0}")]
+    Estimator(String),
+    /// `approx_top = 0`.
+    #[error("approx_top must be at least 1 (leave it out to solve exactly)")]
+    ApproxTop,
+    /// No `[[servers]]`, or more than `max`.
+    #[error("[[servers]]: between 1 and {max} servers, got {got}")]
+    Servers {
+        /// The most accepted ([`MAX_SERVERS`]).
+        max: usize,
+        /// How many there are.
+        got: usize,
+    },
+    /// A server's or bucket's name that is empty or longer than `max` bytes.
+    #[error("{what} name {name:?} must be 1 to {max} bytes")]
+    Name {
+        /// `server` or `bucket`.
+        what: &'static str,
+        /// The name.
+        name: String,
+        /// The longest accepted ([`MAX_NAME_LEN`]).
+        max: usize,
+    },
+    /// Two servers of one name.
+    #[error("two servers are named {name:?}")]
+    RepeatedServer {
+        /// The name.
+        name: String,
+    },
+    /// A server's setting is refused.
+    #[error("server {server}: {error}")]
+    Server {
+        /// The server's name.
+        server: String,
+        /// What is wrong with it.
+        error: ServerSettingError,
+    },
+    /// More than `max` `[[buckets]]`.
+    #[error("[[buckets]]: at most {max}, got {got}")]
+    Buckets {
+        /// The most accepted ([`MAX_BUCKETS`]).
+        max: usize,
+        /// How many there are.
+        got: usize,
+    },
+    /// More (bucket, server) pairs than a round takes.
+    #[error(
+        "{servers} servers x {buckets} buckets: at most {max} (bucket, server) pairs, which a round with demand \
+         everywhere would need"
+    )]
+    Pairs {
+        /// The servers.
+        servers: usize,
+        /// The buckets.
+        buckets: usize,
+        /// The most pairs accepted ([`MAX_ENTRIES`]).
+        max: usize,
+    },
+    /// Two buckets of one name.
+    #[error("two buckets are named {name:?}")]
+    RepeatedBucket {
+        /// The name.
+        name: String,
+    },
+    /// A bucket's setting is refused.
+    #[error("bucket {bucket}: {error}")]
+    Bucket {
+        /// The bucket's name.
+        bucket: String,
+        /// What is wrong with it.
+        error: BucketSettingError,
+    },
+    /// rein-core's controller refuses the servers, buckets or limits.
+    #[error("{0}")]
+    Controller(rein_core::pshift::ControllerError),
+}
+
+/// What is wrong with one `[[servers]]` entry ([`ControllerSettingError::Server`] names the server).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ServerSettingError {
+    /// `capacity_iops` outside (0, 1e9].
+    #[error("capacity_iops must be in (0, 1e9], got {got}")]
+    Capacity {
+        /// The value given.
+        got: f64,
+    },
+    /// `identity` without `[tls]`.
+    #[error("identity needs a [tls] table (it is checked on TLS links)")]
+    IdentityWithoutTls,
+    /// `identity` empty or longer than `max` bytes.
+    #[error("identity must have 1..={max} bytes")]
+    IdentityLength {
+        /// The longest accepted.
+        max: usize,
+    },
+}
+
+/// What is wrong with one `[[buckets]]` entry ([`ControllerSettingError::Bucket`] names the bucket).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BucketSettingError {
+    /// `reservation_iops` outside [0, 1e9].
+    #[error("reservation_iops must be in [0, 1e9], got {got}")]
+    Reservation {
+        /// The value given.
+        got: f64,
+    },
+    /// `limit_iops` below `reservation_iops` or above 1e9.
+    #[error("limit_iops must be in [reservation_iops, 1e9], got {got} (reservation {reservation})")]
+    Limit {
+        /// The value given.
+        got: f64,
+        /// The bucket's `reservation_iops`.
+        reservation: f64,
+    },
+}
+
+impl From<SettingError> for ControllerSettingError {
+    fn from(e: SettingError) -> Self {
+        ControllerSettingError::Setting(e)
+    }
 }
 
 impl ControllerSettings {
@@ -251,36 +423,38 @@ impl ControllerSettings {
         let f: File = crate::config::parse_toml(text)
             .map_err(|message| ControllerConfigError::Parse { path: shown.clone(), message })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        validate(f, base).map_err(|message| ControllerConfigError::Invalid { path: shown, message })
+        validate(f, base).map_err(|error| ControllerConfigError::Invalid { path: shown, error })
     }
 }
 
-fn name_ok(what: &str, n: &str) -> Result<(), String> {
+fn name_ok(what: &'static str, n: &str) -> Result<(), ControllerSettingError> {
     if n.is_empty() || n.len() > MAX_NAME_LEN {
-        return Err(format!("{what} name {n:?} must be 1 to {MAX_NAME_LEN} bytes"));
+        return Err(ControllerSettingError::Name { what, name: n.to_string(), max: MAX_NAME_LEN });
     }
     Ok(())
 }
 
-fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
-    let addr = |key: &str, v: &str| -> Result<SocketAddr, String> {
-        v.parse().map_err(|_| format!("{key} {v:?} is not an address (ip:port)"))
+fn validate(f: File, base: &Path) -> Result<ControllerSettings, ControllerSettingError> {
+    let addr = |key: &'static str, v: &str| -> Result<SocketAddr, ControllerSettingError> {
+        v.parse().map_err(|_| ControllerSettingError::Address { key, text: v.to_string() })
+    };
+    let interval = |key: &'static str, got: f64, min: f64, max: f64| {
+        if got.is_finite() && (min..=max).contains(&got) {
+            Ok(got)
+        } else {
+            Err(ControllerSettingError::Interval { key, min, max, got })
+        }
     };
     let listen = addr("listen", &f.listen)?;
     let admin = f.admin.as_deref().map(|a| addr("admin", a)).transpose()?;
     // One port for both passed --check-config and failed the start with "Address already in use".
     if let Some(admin) = admin {
-        crate::config::distinct_fronts("the pShift link", listen, admin).map_err(|e| e.to_string())?;
+        crate::config::distinct_fronts("the pShift link", listen, admin)?;
     }
     let networks = f.allow_networks.clone().or_else(|| Some(DEFAULT_NETWORKS.iter().map(|n| n.to_string()).collect()));
-    let access = crate::config::access_lists(&networks, &f.allow_identities).map_err(|e| e.to_string())?;
+    let access = crate::config::access_lists(&networks, &f.allow_identities).map_err(ControllerSettingError::Access)?;
     let tls = match &f.tls {
-        None if f.allow_identities.is_some() => {
-            return Err(
-                "allow_identities needs a [tls] table (an identity is a PSK identity or a client certificate's CN)"
-                    .into(),
-            )
-        }
+        None if f.allow_identities.is_some() => return Err(ControllerSettingError::IdentitiesWithoutTls),
         None => None,
         Some(t) => {
             let path = |p: &Option<String>| p.as_ref().map(|p| base.join(p));
@@ -291,7 +465,10 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
                 psk_file: path(&t.psk_file),
                 crl: path(&t.crl),
             };
-            Some(crate::tls::TlsConfig::build(rein_proto::nbd::TlsMode::Require, files).map_err(|e| e.to_string())?)
+            Some(
+                crate::tls::TlsConfig::build(rein_proto::nbd::TlsMode::Require, files)
+                    .map_err(|e| ControllerSettingError::Tls(Box::new(e)))?,
+            )
         }
     };
     let admin_access = crate::admin_guard::AdminAccess::new(
@@ -300,39 +477,28 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
         crate::config::d_admin_conns(),
         crate::config::d_admin_idle(),
     )
-    .map_err(|e| e.to_string())?;
-    if !(f.period_s.is_finite() && (0.001..=86_400.0).contains(&f.period_s)) {
-        return Err(format!("period_s must be in [0.001, 86400], got {}", f.period_s));
-    }
-    if !(1..=1000).contains(&f.intervals) {
-        return Err(format!("intervals must be in 1..=1000, got {}", f.intervals));
-    }
+    .map_err(ControllerSettingError::AdminAccess)?;
+    interval("period_s", f.period_s, 0.001, 86_400.0)?;
+    crate::config::in_range("intervals", f.intervals.into(), 1, 1000)?;
     let period = Nanos::from_secs_f64(f.period_s);
     if !period.0.is_multiple_of(u64::from(f.intervals)) {
-        return Err(format!(
-            "period_s / intervals must be a whole number of nanoseconds ({} s / {})",
-            f.period_s, f.intervals
-        ));
+        return Err(ControllerSettingError::IntervalTicks { period_s: f.period_s, intervals: f.intervals });
     }
     let tau = period.0 / u64::from(f.intervals);
     let start = match f.start_s {
         None => Nanos(tau),
-        Some(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Nanos::from_secs_f64(s),
-        Some(s) => return Err(format!("start_s must be in [0, 86400], got {s}")),
+        Some(s) => Nanos::from_secs_f64(interval("start_s", s, 0.0, 86_400.0)?),
     };
     let (estimator, backlog_idle_bp) =
-        rein_model::pshift_settings::estimator("", f.estimator.as_deref(), f.backlog_idle_pct)?;
+        rein_model::pshift_settings::estimator("", f.estimator.as_deref(), f.backlog_idle_pct)
+            .map_err(ControllerSettingError::Estimator)?;
     if f.approx_top == Some(0) {
-        return Err("approx_top must be at least 1 (leave it out to solve exactly)".into());
+        return Err(ControllerSettingError::ApproxTop);
     }
-    if f.early_rounds > 100 {
-        return Err(format!("early_rounds must be in 0..=100, got {}", f.early_rounds));
-    }
-    if !(f.message_delay_ms.is_finite() && (0.0..=10_000.0).contains(&f.message_delay_ms)) {
-        return Err(format!("message_delay_ms must be in [0, 10000], got {}", f.message_delay_ms));
-    }
+    crate::config::in_range("early_rounds", f.early_rounds.into(), 0, 100)?;
+    interval("message_delay_ms", f.message_delay_ms, 0.0, 10_000.0)?;
     if f.servers.is_empty() || f.servers.len() > MAX_SERVERS {
-        return Err(format!("[[servers]]: between 1 and {MAX_SERVERS} servers, got {}", f.servers.len()));
+        return Err(ControllerSettingError::Servers { max: MAX_SERVERS, got: f.servers.len() });
     }
     let mut servers: Vec<(String, f64)> = Vec::with_capacity(f.servers.len());
     // Names seen, for the duplicate checks: a set, since a file may name up to MAX_BUCKETS buckets (by
@@ -341,52 +507,50 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     for s in &f.servers {
         name_ok("server", &s.name)?;
         if !seen.insert(s.name.as_str()) {
-            return Err(format!("two servers are named {:?}", s.name));
+            return Err(ControllerSettingError::RepeatedServer { name: s.name.clone() });
         }
+        let server_error = |error| ControllerSettingError::Server { server: s.name.clone(), error };
         if !(s.capacity_iops.is_finite() && s.capacity_iops > 0.0 && s.capacity_iops <= 1e9) {
-            return Err(format!("server {}: capacity_iops must be in (0, 1e9], got {}", s.name, s.capacity_iops));
+            return Err(server_error(ServerSettingError::Capacity { got: s.capacity_iops }));
         }
         if let Some(id) = &s.identity {
             if f.tls.is_none() {
-                return Err(format!("server {}: identity needs a [tls] table (it is checked on TLS links)", s.name));
+                return Err(server_error(ServerSettingError::IdentityWithoutTls));
             }
             if id.is_empty() || id.len() > 255 {
-                return Err(format!("server {}: identity must have 1..=255 bytes", s.name));
+                return Err(server_error(ServerSettingError::IdentityLength { max: 255 }));
             }
         }
         servers.push((s.name.clone(), s.capacity_iops));
     }
     let identities = f.servers.iter().map(|s| s.identity.clone()).collect();
     if f.buckets.len() > MAX_BUCKETS {
-        return Err(format!("[[buckets]]: at most {MAX_BUCKETS}, got {}", f.buckets.len()));
+        return Err(ControllerSettingError::Buckets { max: MAX_BUCKETS, got: f.buckets.len() });
     }
     // A round's instance takes at most MAX_ENTRIES (bucket, server) pairs with demand; past it the
     // buckets beyond get no tokens that round.
     if f.servers.len().saturating_mul(f.buckets.len()) > MAX_ENTRIES {
-        return Err(format!(
-            "{} servers x {} buckets: at most {MAX_ENTRIES} (bucket, server) pairs, which a round with demand \
-             everywhere would need",
-            f.servers.len(),
-            f.buckets.len()
-        ));
+        return Err(ControllerSettingError::Pairs {
+            servers: f.servers.len(),
+            buckets: f.buckets.len(),
+            max: MAX_ENTRIES,
+        });
     }
     let mut buckets: Vec<(String, BucketQos)> = Vec::with_capacity(f.buckets.len());
     seen.clear();
     for b in &f.buckets {
         name_ok("bucket", &b.name)?;
         if !seen.insert(b.name.as_str()) {
-            return Err(format!("two buckets are named {:?}", b.name));
+            return Err(ControllerSettingError::RepeatedBucket { name: b.name.clone() });
         }
+        let bucket_error = |error| ControllerSettingError::Bucket { bucket: b.name.clone(), error };
         let rate_ok = |v: f64| v.is_finite() && (0.0..=1e9).contains(&v);
         if !rate_ok(b.reservation_iops) {
-            return Err(format!("bucket {}: reservation_iops must be in [0, 1e9], got {}", b.name, b.reservation_iops));
+            return Err(bucket_error(BucketSettingError::Reservation { got: b.reservation_iops }));
         }
         if let Some(l) = b.limit_iops {
             if !rate_ok(l) || l < b.reservation_iops {
-                return Err(format!(
-                    "bucket {}: limit_iops must be in [reservation_iops, 1e9], got {l} (reservation {})",
-                    b.name, b.reservation_iops
-                ));
+                return Err(bucket_error(BucketSettingError::Limit { got: l, reservation: b.reservation_iops }));
             }
         }
         buckets.push((b.name.clone(), BucketQos::per_period(b.reservation_iops, b.limit_iops, f.period_s)));
@@ -406,7 +570,8 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, String> {
     let config = ControllerConfig { backlog_idle_bp, ..config };
     // The controller's own checks (servers, buckets, limits), once, here.
     let caps: Vec<f64> = servers.iter().map(|s| s.1).collect();
-    Controller::new(config, &caps, buckets.iter().map(|b| b.1).collect()).map_err(|e| e.to_string())?;
+    Controller::new(config, &caps, buckets.iter().map(|b| b.1).collect())
+        .map_err(ControllerSettingError::Controller)?;
     let warnings = warnings(&f);
     Ok(ControllerSettings {
         listen,
@@ -1656,6 +1821,163 @@ mod tests {
         p.push(rec(11, 0));
         assert_eq!(p.periods.len(), 2, "no buckets: counted as one cell");
     }
+    /// ctl.toml's refusals, whole, as operators saw them when its validation returned strings.
+    #[test]
+    fn refusals_read_as_before() {
+        let std = "listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 1\n";
+        let server = "[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n";
+        let bucket = "[[buckets]]\nname = \"a\"\n";
+        for (text, want) in [
+            (
+                format!("listen = \"x\"\nperiod_s = 1\nintervals = 1\n{server}"),
+                "listen \"x\" is not an address (ip:port)".to_string(),
+            ),
+            (format!("{std}admin = \"y\"\n{server}"), "admin \"y\" is not an address (ip:port)".into()),
+            (format!("{std}allow_networks = [\"\"]\n{server}"), "allow_networks has an empty entry".into()),
+            (
+                format!("{std}allow_networks = [\"z\"]\n{server}"),
+                "allow_networks entry \"z\" is not a CIDR network (e.g. 10.0.0.0/8)".into(),
+            ),
+            (
+                format!("{std}allow_identities = [\"i\"]\n{server}"),
+                "allow_identities needs a [tls] table (an identity is a PSK identity or a client certificate's CN)"
+                    .into(),
+            ),
+            (
+                format!("{std}[tls]\n{server}"),
+                "tls.mode = \"on\" or \"require\" needs tls.cert and tls.key, or tls.psk_file".into(),
+            ),
+            (format!("{std}admin_token_file = \"\"\n{server}"), "admin_token_file is empty".into()),
+            (
+                format!("listen = \"127.0.0.1:0\"\nperiod_s = 0\nintervals = 1\n{server}"),
+                "period_s must be in [0.001, 86400], got 0".into(),
+            ),
+            (
+                format!("listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 0\n{server}"),
+                "intervals must be in 1..=1000, got 0".into(),
+            ),
+            (
+                format!("listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 3\n{server}"),
+                "period_s / intervals must be a whole number of nanoseconds (1 s / 3)".into(),
+            ),
+            (format!("{std}start_s = -1\n{server}"), "start_s must be in [0, 86400], got -1".into()),
+            (
+                format!("{std}estimator = \"x\"\n{server}"),
+                "estimator \"x\": expected \"arrivals\" or \"backlog\"".into(),
+            ),
+            (
+                format!("{std}approx_top = 0\n{server}"),
+                "approx_top must be at least 1 (leave it out to solve exactly)".into(),
+            ),
+            (format!("{std}early_rounds = 101\n{server}"), "early_rounds must be in 0..=100, got 101".into()),
+            (
+                format!("{std}message_delay_ms = 10001\n{server}"),
+                "message_delay_ms must be in [0, 10000], got 10001".into(),
+            ),
+            (std.to_string(), format!("[[servers]]: between 1 and {MAX_SERVERS} servers, got 0")),
+            (
+                format!("{std}[[servers]]\nname = \"\"\ncapacity_iops = 1\n"),
+                format!("server name \"\" must be 1 to {MAX_NAME_LEN} bytes"),
+            ),
+            (format!("{std}{server}{server}"), "two servers are named \"s1\"".into()),
+            (
+                format!("{std}[[servers]]\nname = \"s1\"\ncapacity_iops = 0\n"),
+                "server s1: capacity_iops must be in (0, 1e9], got 0".into(),
+            ),
+            (
+                format!("{std}{server}identity = \"i\"\n"),
+                "server s1: identity needs a [tls] table (it is checked on TLS links)".into(),
+            ),
+            (
+                format!("{std}{server}[[buckets]]\nname = \"\"\n"),
+                format!("bucket name \"\" must be 1 to {MAX_NAME_LEN} bytes"),
+            ),
+            (format!("{std}{server}{bucket}{bucket}"), "two buckets are named \"a\"".into()),
+            (
+                format!("{std}{server}{bucket}reservation_iops = -1\n"),
+                "bucket a: reservation_iops must be in [0, 1e9], got -1".into(),
+            ),
+            (
+                format!("{std}{server}{bucket}reservation_iops = 10\nlimit_iops = 5\n"),
+                "bucket a: limit_iops must be in [reservation_iops, 1e9], got 5 (reservation 10)".into(),
+            ),
+        ] {
+            let e = ControllerSettings::parse(&text, Path::new("ctl.toml")).map(|_| ()).expect_err(&text).to_string();
+            assert_eq!(e, format!("ctl.toml: {want}"), "{text}");
+        }
+    }
+
+    /// ctl.toml's refusals are typed: the key, the value and the bound; a server's or bucket's carries its
+    /// name; the keys rein.toml has too are its [`SettingError`].
+    #[test]
+    fn refusals_are_typed_with_the_key_value_and_bound() {
+        let invalid = |text: &str| match ControllerSettings::parse(text, Path::new("ctl.toml")) {
+            Err(ControllerConfigError::Invalid { path, error }) => {
+                assert_eq!(path, "ctl.toml");
+                error
+            }
+            other => panic!("not refused as invalid: {:?}", other.map(|_| ())),
+        };
+        let std = "listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 1\n";
+        let server = "[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n";
+        let bucket = "[[buckets]]\nname = \"a\"\n";
+        let e = invalid(&format!("{std}admin = \"y\"\n{server}"));
+        assert!(matches!(&e, ControllerSettingError::Address { key: "admin", text } if text == "y"), "{e:?}");
+        let e = invalid(&format!(
+            "listen = \"127.0.0.1:7800\"\nadmin = \"0.0.0.0:7800\"\nperiod_s = 1\nintervals = 1\n{server}"
+        ));
+        assert!(
+            matches!(e, ControllerSettingError::Setting(SettingError::SamePort { what: "the pShift link", .. })),
+            "{e:?}"
+        );
+        let e = invalid(&format!("listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 1001\n{server}"));
+        assert!(
+            matches!(
+                e,
+                ControllerSettingError::Setting(SettingError::Range { key: "intervals", min: 1, max: 1000, got: 1001 })
+            ),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{std}allow_networks = [\"z\"]\n{server}"));
+        assert!(matches!(&e, ControllerSettingError::Access(AccessError::Network { entry }) if entry == "z"), "{e:?}");
+        let e = invalid(&format!("listen = \"127.0.0.1:0\"\nperiod_s = 86401\nintervals = 1\n{server}"));
+        assert!(
+            matches!(e, ControllerSettingError::Interval { key: "period_s", min, max, got } if min == 0.001 && max == 86_400.0 && got == 86_401.0),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{std}message_delay_ms = -1\n{server}"));
+        assert!(matches!(e, ControllerSettingError::Interval { key: "message_delay_ms", .. }), "{e:?}");
+        let e = invalid(&format!("listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 3\n{server}"));
+        assert!(
+            matches!(e, ControllerSettingError::IntervalTicks { period_s, intervals: 3 } if period_s == 1.0),
+            "{e:?}"
+        );
+        let e = invalid(std);
+        assert!(matches!(e, ControllerSettingError::Servers { max: MAX_SERVERS, got: 0 }), "{e:?}");
+        let e = invalid(&format!("{std}{server}[[buckets]]\nname = \"{}\"\n", "b".repeat(MAX_NAME_LEN + 1)));
+        assert!(
+            matches!(&e, ControllerSettingError::Name { what: "bucket", name, max: MAX_NAME_LEN } if name.len() == MAX_NAME_LEN + 1),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{std}[[servers]]\nname = \"s1\"\ncapacity_iops = 2e9\n"));
+        assert!(
+            matches!(&e, ControllerSettingError::Server { server, error: ServerSettingError::Capacity { got } } if server == "s1" && *got == 2e9),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{std}{server}identity = \"i\"\n"));
+        assert!(
+            matches!(&e, ControllerSettingError::Server { error: ServerSettingError::IdentityWithoutTls, .. }),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{std}{server}{bucket}reservation_iops = 10\nlimit_iops = 5\n"));
+        assert!(
+            matches!(&e, ControllerSettingError::Bucket { bucket, error: BucketSettingError::Limit { got, reservation } } if bucket == "a" && *got == 5.0 && *reservation == 10.0),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{std}{server}{bucket}{bucket}"));
+        assert!(matches!(&e, ControllerSettingError::RepeatedBucket { name } if name == "a"), "{e:?}");
+    }
+
     /// More servers x buckets than a round's instance takes is a configuration error: a round with demand
     /// for every bucket at every server panicked the controller (1,024 x 8,193 was accepted).
     #[test]
