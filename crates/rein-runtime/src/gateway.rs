@@ -3363,6 +3363,7 @@ mod tests {
         let local = "[parda]\nlatency_threshold_ms = 10\naggregation = \"local\"\n";
         let peer = |id: u32, address: &str| format!("{{ id = {id}, address = \"{address}\" }}");
         for (top, want) in [
+            (format!("{local}period_phase = \"staggered\"\n"), "parda: period_phase places the simulator's hosts' periods; a real host's periods tick from its start, or where PUT /api/parda/period puts them (remove the key)".to_string()),
             (format!("{local}aggregation_delay_ms = 5\n"), "parda: aggregation_delay_ms models the shared board's delay in the simulator; a real host's reports take as long as their transport does (remove the key)".to_string()),
             (format!("{local}[parda_host]\nid = 5000\n"), "parda_host: id must be below 4096, got 5000".into()),
             (format!("{local}[parda_host]\nwindow = 8\n"), "parda_host: window is the fixed issue queue of an uncontrolled host (controlled = false, or [parda] enabled = false); a PARDA host's window is bounded by [parda] w_min / w_max".into()),
