@@ -24,25 +24,64 @@ use rein_core::pshift::{ControllerConfig, DemandEstimator};
 /// backlog_idle_pct = 1.0     # with backlog only: a queue empty for less than this % of an interval is
 ///                            #   backlogged (0.01 to 100; default 1)
 /// ```
-pub fn estimator(prefix: &str, name: Option<&str>, idle_pct: Option<f64>) -> Result<(DemandEstimator, u32), String> {
+pub fn estimator(
+    prefix: &'static str,
+    name: Option<&str>,
+    idle_pct: Option<f64>,
+) -> Result<(DemandEstimator, u32), EstimatorError> {
     let e = match name {
         None | Some("arrivals") => DemandEstimator::Arrivals,
         Some("backlog") => DemandEstimator::Backlog,
-        Some(o) => return Err(format!("{prefix}estimator {o:?}: expected \"arrivals\" or \"backlog\"")),
+        Some(o) => return Err(EstimatorError::Unknown { prefix, got: o.to_string() }),
     };
     let bp = match (e, idle_pct) {
         (_, None) => ControllerConfig::DEFAULT_BACKLOG_IDLE_BP,
-        (DemandEstimator::Arrivals, Some(_)) => {
-            return Err(format!("{prefix}backlog_idle_pct is a setting of estimator = \"backlog\""))
-        }
-        (DemandEstimator::Backlog, Some(p)) if p.is_finite() && (0.01..=100.0).contains(&p) => {
+        (DemandEstimator::Arrivals, Some(_)) => return Err(EstimatorError::IdlePctWithoutBacklog { prefix }),
+        (DemandEstimator::Backlog, Some(p)) if p.is_finite() && (MIN_IDLE_PCT..=MAX_IDLE_PCT).contains(&p) => {
             (p * 100.0).round() as u32
         }
-        (DemandEstimator::Backlog, Some(p)) => {
-            return Err(format!("{prefix}backlog_idle_pct {p}: expected 0.01 to 100 (% of an interval)"))
+        (DemandEstimator::Backlog, Some(got)) => {
+            return Err(EstimatorError::IdlePct { prefix, got, min: MIN_IDLE_PCT, max: MAX_IDLE_PCT })
         }
     };
     Ok((e, bp))
+}
+
+/// The smallest `backlog_idle_pct`.
+pub const MIN_IDLE_PCT: f64 = 0.01;
+/// The largest `backlog_idle_pct`.
+pub const MAX_IDLE_PCT: f64 = 100.0;
+
+/// Why `estimator` or `backlog_idle_pct` is refused ([`estimator`]); the message names the key, after
+/// the caller's prefix (`pshift.` in a scenario, none in ctl.toml).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EstimatorError {
+    /// `estimator` names no estimator.
+    #[error("{prefix}estimator {got:?}: expected \"arrivals\" or \"backlog\"")]
+    Unknown {
+        /// The keys' prefix.
+        prefix: &'static str,
+        /// The word given.
+        got: String,
+    },
+    /// `backlog_idle_pct` with the arrivals estimator.
+    #[error("{prefix}backlog_idle_pct is a setting of estimator = \"backlog\"")]
+    IdlePctWithoutBacklog {
+        /// The keys' prefix.
+        prefix: &'static str,
+    },
+    /// `backlog_idle_pct` outside `[min, max]` or not finite.
+    #[error("{prefix}backlog_idle_pct {got}: expected {min} to {max} (% of an interval)")]
+    IdlePct {
+        /// The keys' prefix.
+        prefix: &'static str,
+        /// The value given.
+        got: f64,
+        /// The smallest accepted ([`MIN_IDLE_PCT`]).
+        min: f64,
+        /// The largest accepted ([`MAX_IDLE_PCT`]).
+        max: f64,
+    },
 }
 
 /// `estimator` and `backlog_idle_pct` as written for `e` and `bp` (what [`estimator`] reads back).
@@ -161,9 +200,31 @@ mod tests {
         }
         assert_eq!(estimator("", None, None).unwrap(), (DemandEstimator::Arrivals, 100));
         assert_eq!(estimator("", Some("backlog"), Some(2.5)).unwrap(), (DemandEstimator::Backlog, 250));
-        assert!(estimator("pshift.", Some("x"), None).unwrap_err().contains("pshift.estimator \"x\""));
-        assert!(estimator("", None, Some(2.0)).unwrap_err().contains("backlog_idle_pct is a setting of"));
-        assert!(estimator("", Some("backlog"), Some(0.0)).unwrap_err().contains("backlog_idle_pct 0: expected"));
-        assert!(estimator("", Some("backlog"), Some(f64::NAN)).unwrap_err().contains("backlog_idle_pct NaN"));
+        assert!(estimator("pshift.", Some("x"), None).unwrap_err().to_string().contains("pshift.estimator \"x\""));
+        assert!(estimator("", None, Some(2.0)).unwrap_err().to_string().contains("backlog_idle_pct is a setting of"));
+        assert!(estimator("", Some("backlog"), Some(0.0))
+            .unwrap_err()
+            .to_string()
+            .contains("backlog_idle_pct 0: expected"));
+        assert!(estimator("", Some("backlog"), Some(f64::NAN))
+            .unwrap_err()
+            .to_string()
+            .contains("backlog_idle_pct NaN"));
+    }
+
+    /// The estimator's refusals are typed: the prefix, the value and the bounds, as the messages of before.
+    #[test]
+    fn estimator_errors_are_typed_with_the_value_and_bounds() {
+        let e = estimator("pshift.", Some("psychic"), None).unwrap_err();
+        assert_eq!(e, EstimatorError::Unknown { prefix: "pshift.", got: "psychic".into() });
+        assert_eq!(e.to_string(), "pshift.estimator \"psychic\": expected \"arrivals\" or \"backlog\"");
+        let e = estimator("", Some("arrivals"), Some(1.0)).unwrap_err();
+        assert_eq!(e, EstimatorError::IdlePctWithoutBacklog { prefix: "" });
+        assert_eq!(e.to_string(), "backlog_idle_pct is a setting of estimator = \"backlog\"");
+        let e = estimator("pshift.", Some("backlog"), Some(100.5)).unwrap_err();
+        assert_eq!(e, EstimatorError::IdlePct { prefix: "pshift.", got: 100.5, min: 0.01, max: 100.0 });
+        assert_eq!(e.to_string(), "pshift.backlog_idle_pct 100.5: expected 0.01 to 100 (% of an interval)");
+        assert_eq!(estimator("", Some("backlog"), Some(0.01)).unwrap(), (DemandEstimator::Backlog, 1), "at the bound");
+        assert_eq!(estimator("", Some("backlog"), Some(100.0)).unwrap(), (DemandEstimator::Backlog, 10_000));
     }
 }

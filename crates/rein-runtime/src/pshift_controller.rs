@@ -285,9 +285,9 @@ pub enum ControllerSettingError {
         /// `intervals` given.
         intervals: u32,
     },
-    /// `estimator` or `backlog_idle_pct` is refused (rein-model's message, naming the key).
+    /// `estimator` or `backlog_idle_pct` is refused.
     #[error("{0}")]
-    Estimator(String),
+    Estimator(rein_model::pshift_settings::EstimatorError),
     /// `approx_top = 0`.
     #[error("approx_top must be at least 1 (leave it out to solve exactly)")]
     ApproxTop,
@@ -1798,6 +1798,7 @@ pub fn metrics_text(s: &ControllerStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rein_model::pshift_settings::EstimatorError;
 
     /// `/api/pshift/periods` keeps the newest periods within its bound, and always the last one.
     #[test]
@@ -1950,6 +1951,11 @@ mod tests {
         let e = invalid(&format!("listen = \"127.0.0.1:0\"\nperiod_s = 1\nintervals = 3\n{server}"));
         assert!(
             matches!(e, ControllerSettingError::IntervalTicks { period_s, intervals: 3 } if period_s == 1.0),
+            "{e:?}"
+        );
+        let e = invalid(&format!("{std}estimator = \"psychic\"\n{server}"));
+        assert!(
+            matches!(&e, ControllerSettingError::Estimator(EstimatorError::Unknown { prefix: "", got }) if got == "psychic"),
             "{e:?}"
         );
         let e = invalid(std);

@@ -211,7 +211,8 @@ pub fn validate(
     }
     let delay = Nanos::from_secs_f64(f.delay_ms / 1e3);
     let (estimator, backlog_idle_bp) =
-        rein_model::pshift_settings::estimator("pshift.", f.estimator.as_deref(), f.backlog_idle_pct)?;
+        rein_model::pshift_settings::estimator("pshift.", f.estimator.as_deref(), f.backlog_idle_pct)
+            .map_err(|e| e.to_string())?;
     let r_order =
         rein_model::pshift_settings::r_order(f.r_order.as_deref(), f.r_floor_ios).map_err(|e| e.to_string())?;
     let arrivals = match f.arrivals.as_deref() {
