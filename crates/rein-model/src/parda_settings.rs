@@ -29,7 +29,7 @@
 //! the transport of the cluster aggregation) is not here: a scenario's `[[hosts]]` and a gateway's
 //! `[parda_host]` say it.
 
-use crate::sched_settings::parse_scheduler;
+use crate::sched_settings::{parse_scheduler, UnknownSimScheduler};
 use rand::Rng;
 use rein_core::parda::{PardaConfig, SizeModel};
 use rein_core::{Nanos, Num, SchedulerKind};
@@ -219,40 +219,135 @@ impl Parda {
     }
 }
 
+/// Whether `v` is finite and in `[lo, hi]`.
+fn within(v: f64, lo: f64, hi: f64) -> bool {
+    v.is_finite() && v >= lo && v <= hi
+}
+
 /// `v` if it is finite and in `[lo, hi]`, else an error naming `what` and the range.
 pub fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
-    if v.is_finite() && v >= lo && v <= hi {
+    if within(v, lo, hi) {
         Ok(v)
     } else {
         Err(format!("{what} must be between {lo} and {hi}, got {}", Num(v)))
     }
 }
 
+/// The largest `batch`.
+pub const MAX_BATCH: u32 = 1024;
+
+/// Why a `[parda]` key is refused ([`PardaFile::validate`]); every message starts with `parda:` and names
+/// the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PardaSettingsError {
+    /// `latency_threshold_ms` not positive, or above an hour.
+    #[error("parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {got}")]
+    LatencyThreshold {
+        /// The value given.
+        got: f64,
+    },
+    /// A number outside `[min, max]` or not finite (`period_s`, `aggregation_delay_ms`,
+    /// `aggregation_timeout_s`).
+    #[error("parda: {key} must be between {min} and {max}, got {}", Num(*got))]
+    Range {
+        /// The key.
+        key: &'static str,
+        /// The smallest accepted.
+        min: f64,
+        /// The largest accepted.
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+    /// `size_model.fixed_ms` negative or not finite.
+    #[error("parda: size_model.fixed_ms must be non-negative, got {got}")]
+    FixedMs {
+        /// The value given.
+        got: f64,
+    },
+    /// `size_model.transfer_mb_s` not positive.
+    #[error("parda: size_model.transfer_mb_s must be positive, got {got}")]
+    TransferMbS {
+        /// The value given.
+        got: f64,
+    },
+    /// rein-core refuses the control law's parameters (`alpha`, `gamma`, `w_min`, ...).
+    #[error("parda: {0}")]
+    Config(rein_core::parda::PardaError),
+    /// `aggregation` is neither `cluster` nor `local`.
+    #[error("parda: aggregation {got:?}: expected \"cluster\" or \"local\"")]
+    Aggregation {
+        /// The word given.
+        got: String,
+    },
+    /// `period_phase` is neither `seed` nor `staggered`.
+    #[error("parda: period_phase {got:?}: expected \"seed\" or \"staggered\"")]
+    PeriodPhase {
+        /// The word given.
+        got: String,
+    },
+    /// `beta_per_share` not positive, or above 1e6.
+    #[error("parda: beta_per_share must be positive, got {got}")]
+    BetaPerShare {
+        /// The value given.
+        got: f64,
+    },
+    /// `local_scheduler` names no scheduler.
+    #[error("parda: local_scheduler: {0}")]
+    LocalScheduler(UnknownSimScheduler),
+    /// `local_scheduler` names a distributed scheduler.
+    #[error("parda: local_scheduler {name:?} is a distributed scheduler; use sfq, mclock or fifo")]
+    DistributedLocalScheduler {
+        /// The name given.
+        name: String,
+    },
+    /// `batch` outside `1..=max`.
+    #[error("parda: batch must be in 1..={max}, got {got}")]
+    Batch {
+        /// The value given.
+        got: u32,
+        /// The largest accepted ([`MAX_BATCH`]).
+        max: u32,
+    },
+    /// `batch_distance_kb` outside `0..=max` KiB or not finite.
+    #[error("parda: batch_distance_kb must be in 0..={max} KiB (1 TiB), got {}", Num(*got))]
+    BatchDistance {
+        /// The value given.
+        got: f64,
+        /// The largest accepted ([`crate::sched_settings::MAX_BATCH_DISTANCE_KB`]).
+        max: f64,
+    },
+}
+
 impl PardaFile {
     /// Validates the table: rein-core checks the control law; every message starts with `parda:` and
     /// names the key.
-    pub fn validate(&self) -> Result<Parda, String> {
+    pub fn validate(&self) -> Result<Parda, PardaSettingsError> {
         validate_parda(self)
     }
 }
 
-fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
-    let at = |e: rein_core::parda::PardaError| format!("parda: {e}");
+fn validate_parda(p: &PardaFile) -> Result<Parda, PardaSettingsError> {
+    type E = PardaSettingsError;
+    let range = |key: &'static str, got: f64, min: f64, max: f64| {
+        if within(got, min, max) {
+            Ok(got)
+        } else {
+            Err(E::Range { key, min, max, got })
+        }
+    };
     if !(p.latency_threshold_ms.is_finite() && p.latency_threshold_ms > 0.0 && p.latency_threshold_ms <= 3.6e6) {
-        return Err(format!(
-            "parda: latency_threshold_ms (script-L) must be positive and at most an hour, got {}",
-            p.latency_threshold_ms
-        ));
+        return Err(E::LatencyThreshold { got: p.latency_threshold_ms });
     }
-    let period = in_range("parda: period_s", p.period_s, 0.001, 3600.0)?;
+    let period = range("period_s", p.period_s, 0.001, 3600.0)?;
     let size_model = match &p.size_model {
         None => SizeModel::NONE,
         Some(m) => {
             if !(m.fixed_ms.is_finite() && m.fixed_ms >= 0.0) {
-                return Err(format!("parda: size_model.fixed_ms must be non-negative, got {}", m.fixed_ms));
+                return Err(E::FixedMs { got: m.fixed_ms });
             }
             SizeModel::from_rate(Nanos::from_secs_f64(m.fixed_ms / 1e3), m.transfer_mb_s)
-                .map_err(|_| format!("parda: size_model.transfer_mb_s must be positive, got {}", m.transfer_mb_s))?
+                .map_err(|_| E::TransferMbS { got: m.transfer_mb_s })?
         }
     };
     let config = PardaConfig {
@@ -266,43 +361,34 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
         size_model,
         adjust_beta: p.adjust_beta,
     };
-    config.validate().map_err(at)?;
+    config.validate().map_err(E::Config)?;
     let aggregation = match p.aggregation.as_str() {
         "cluster" => Aggregation::Cluster,
         "local" => Aggregation::Local,
-        o => return Err(format!("parda: aggregation {o:?}: expected \"cluster\" or \"local\"")),
+        o => return Err(E::Aggregation { got: o.to_string() }),
     };
     let phase = match p.period_phase.as_deref().unwrap_or("staggered") {
         "seed" => PeriodPhase::Seed,
         "staggered" => PeriodPhase::Staggered,
-        o => return Err(format!("parda: period_phase {o:?}: expected \"seed\" or \"staggered\"")),
+        o => return Err(E::PeriodPhase { got: o.to_string() }),
     };
-    let delay = in_range("parda: aggregation_delay_ms", p.aggregation_delay_ms, 0.0, 3.6e6)?;
-    let timeout =
-        in_range("parda: aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
+    let delay = range("aggregation_delay_ms", p.aggregation_delay_ms, 0.0, 3.6e6)?;
+    let timeout = range("aggregation_timeout_s", p.aggregation_timeout_s.unwrap_or(3.0 * period), 0.001, 86_400.0)?;
     if !(p.beta_per_share.is_finite() && p.beta_per_share > 0.0 && p.beta_per_share <= 1e6) {
-        return Err(format!("parda: beta_per_share must be positive, got {}", p.beta_per_share));
+        return Err(E::BetaPerShare { got: p.beta_per_share });
     }
-    let (local_scheduler, distributed) =
-        parse_scheduler(&p.local_scheduler).map_err(|e| format!("parda: local_scheduler: {e}"))?;
+    let (local_scheduler, distributed) = parse_scheduler(&p.local_scheduler).map_err(E::LocalScheduler)?;
     if distributed {
-        return Err(format!(
-            "parda: local_scheduler {:?} is a distributed scheduler; use sfq, mclock or fifo",
-            p.local_scheduler
-        ));
+        return Err(E::DistributedLocalScheduler { name: p.local_scheduler.clone() });
     }
     let batch = p.batch.unwrap_or(1);
-    if batch == 0 || batch > 1024 {
-        return Err(format!("parda: batch must be in 1..=1024, got {batch}"));
+    if batch == 0 || batch > MAX_BATCH {
+        return Err(E::Batch { got: batch, max: MAX_BATCH });
     }
     // The bound of [mclock]'s field: 1e300 KiB became u64::MAX bytes by the float-to-integer cast.
     let bd = p.batch_distance_kb.unwrap_or(4096.0);
     if !(bd.is_finite() && (0.0..=crate::sched_settings::MAX_BATCH_DISTANCE_KB).contains(&bd)) {
-        return Err(format!(
-            "parda: batch_distance_kb must be in 0..={} KiB (1 TiB), got {}",
-            crate::sched_settings::MAX_BATCH_DISTANCE_KB,
-            Num(bd)
-        ));
+        return Err(E::BatchDistance { got: bd, max: crate::sched_settings::MAX_BATCH_DISTANCE_KB });
     }
     Ok(Parda {
         config,
@@ -321,6 +407,59 @@ fn validate_parda(p: &PardaFile) -> Result<Parda, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The refusals are typed: the key, the value and the bound.
+    #[test]
+    fn refusals_are_typed_with_the_key_value_and_bound() {
+        type E = PardaSettingsError;
+        let err = |text: &str| toml::from_str::<PardaFile>(text).unwrap().validate().map(|_| ()).expect_err(text);
+        let l = "latency_threshold_ms = 30\n";
+        let e = err(&format!("{l}aggregation_timeout_s = 86401\n"));
+        assert!(
+            matches!(e, E::Range { key: "aggregation_timeout_s", min, max, got } if min == 0.001 && max == 86_400.0 && got == 86_401.0),
+            "{e:?}"
+        );
+        let e = err(&format!("{l}period_s = 3601\n"));
+        assert!(matches!(e, E::Range { key: "period_s", .. }), "{e:?}");
+        let e = err(&format!("{l}gamma = 2\n"));
+        assert!(matches!(e, E::Config(_)), "{e:?}");
+        let e = err(&format!("{l}local_scheduler = \"WFQ\"\n"));
+        assert_eq!(e, E::LocalScheduler(UnknownSimScheduler { name: "wfq".into() }));
+        let e = err(&format!("{l}local_scheduler = \"dtfq\"\n"));
+        assert_eq!(e, E::DistributedLocalScheduler { name: "dtfq".into() });
+        assert_eq!(err(&format!("{l}batch = 0\n")), E::Batch { got: 0, max: MAX_BATCH });
+        assert!(parda("batch = 1024").batch == 1024, "at the bound");
+        let e = err(&format!("{l}batch_distance_kb = 1e300\n"));
+        assert!(matches!(e, E::BatchDistance { got, max } if got == 1e300 && max == (1u64 << 30) as f64), "{e:?}");
+        let e = err(&format!("{l}aggregation = \"global\"\n"));
+        assert_eq!(e, E::Aggregation { got: "global".into() });
+    }
+
+    /// Each refusal's whole message, as the validation returning strings wrote it.
+    #[test]
+    fn refusals_read_as_before() {
+        let err =
+            |text: &str| toml::from_str::<PardaFile>(text).unwrap().validate().map(|_| ()).expect_err(text).to_string();
+        let l = "latency_threshold_ms = 30\n";
+        for (text, want) in [
+            ("latency_threshold_ms = -1\n".to_string(), "parda: latency_threshold_ms (script-L) must be positive and at most an hour, got -1".to_string()),
+            (format!("{l}period_s = 0\n"), "parda: period_s must be between 0.001 and 3600, got 0".into()),
+            (format!("{l}aggregation_delay_ms = 1e7\n"), "parda: aggregation_delay_ms must be between 0 and 3600000, got 10000000".into()),
+            (format!("{l}aggregation_timeout_s = 0\n"), "parda: aggregation_timeout_s must be between 0.001 and 86400, got 0".into()),
+            (format!("{l}[size_model]\nfixed_ms = -1\ntransfer_mb_s = 100\n"), "parda: size_model.fixed_ms must be non-negative, got -1".into()),
+            (format!("{l}[size_model]\nfixed_ms = 1\ntransfer_mb_s = 0\n"), "parda: size_model.transfer_mb_s must be positive, got 0".into()),
+            (format!("{l}gamma = 2\n"), "parda: gamma (eq. (2) smoothing) must be in [0, 1], got 2".into()),
+            (format!("{l}aggregation = \"global\"\n"), "parda: aggregation \"global\": expected \"cluster\" or \"local\"".into()),
+            (format!("{l}period_phase = \"random\"\n"), "parda: period_phase \"random\": expected \"seed\" or \"staggered\"".into()),
+            (format!("{l}beta_per_share = 0\n"), "parda: beta_per_share must be positive, got 0".into()),
+            (format!("{l}local_scheduler = \"WFQ\"\n"), "parda: local_scheduler: unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)".into()),
+            (format!("{l}local_scheduler = \"dmclock\"\n"), "parda: local_scheduler \"dmclock\" is a distributed scheduler; use sfq, mclock or fifo".into()),
+            (format!("{l}batch = 1025\n"), "parda: batch must be in 1..=1024, got 1025".into()),
+            (format!("{l}batch_distance_kb = -1\n"), "parda: batch_distance_kb must be in 0..=1073741824 KiB (1 TiB), got -1".into()),
+        ] {
+            assert_eq!(err(&text), want, "{text}");
+        }
+    }
 
     fn parda(extra: &str) -> Parda {
         let text = format!("latency_threshold_ms = 30\nperiod_s = 2\n{extra}");
@@ -345,7 +484,7 @@ mod tests {
         }
         assert_eq!(s.first_period_end(7, 3, 64), s.first_period_end(7, 3, 5), "a host's phase is its own");
         let e = toml::from_str::<PardaFile>("latency_threshold_ms = 30\nperiod_phase = \"random\"").unwrap().validate();
-        assert_eq!(e.unwrap_err(), "parda: period_phase \"random\": expected \"seed\" or \"staggered\"");
+        assert_eq!(e.unwrap_err().to_string(), "parda: period_phase \"random\": expected \"seed\" or \"staggered\"");
     }
 
     /// `batch_distance_kb` keeps to [mclock]'s bound (1 TiB): it had none, and 1e300 KiB ran as
@@ -357,6 +496,7 @@ mod tests {
                 .unwrap()
                 .validate()
                 .unwrap_err()
+                .to_string()
         };
         assert_eq!(e("1e300"), "parda: batch_distance_kb must be in 0..=1073741824 KiB (1 TiB), got 1e300");
         assert!(e("-1").contains("got -1"));

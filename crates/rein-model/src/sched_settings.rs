@@ -343,18 +343,23 @@ fn parse_duration(v: &str, max: Nanos) -> Option<Nanos> {
     (ns.is_finite() && ns >= 0.0 && ns <= max.0 as f64).then(|| Nanos(ns.round() as u64))
 }
 
+/// A name that is no scheduler of a scenario ([`parse_scheduler`]): the core's kinds and the simulator's
+/// `lfq` and `dtfq`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scheduler {name:?} (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)")]
+pub struct UnknownSimScheduler {
+    /// The name given, in lower case as matched.
+    pub name: String,
+}
+
 /// Parses a scheduler name; returns the kind and whether it is distributed (piggybacks delta/rho).
-pub fn parse_scheduler(s: &str) -> Result<(SchedulerKind, bool), String> {
+pub fn parse_scheduler(s: &str) -> Result<(SchedulerKind, bool), UnknownSimScheduler> {
     match s.to_ascii_lowercase().as_str() {
         "lfq" => Ok((SchedulerKind::Sfq, false)),
         "dtfq" => Ok((SchedulerKind::Sfq, true)),
         other => {
-            let k: SchedulerKind = other.parse().map_err(|e: rein_core::UnknownScheduler| {
-                format!(
-                    "unknown scheduler {:?} (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)",
-                    e.name
-                )
-            })?;
+            let k: SchedulerKind =
+                other.parse().map_err(|e: rein_core::UnknownScheduler| UnknownSimScheduler { name: e.name })?;
             Ok((k, matches!(k, SchedulerKind::Dmclock | SchedulerKind::Rbfq)))
         }
     }
@@ -377,8 +382,10 @@ mod tests {
     /// error's name (not by rewriting its text), in lower case as matched.
     #[test]
     fn an_unknown_scheduler_lists_the_simulators_names_too() {
+        let e = parse_scheduler("WFQ").unwrap_err();
+        assert_eq!(e, UnknownSimScheduler { name: "wfq".into() });
         assert_eq!(
-            parse_scheduler("WFQ").unwrap_err(),
+            e.to_string(),
             "unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)"
         );
         assert_eq!(parse_scheduler("DTFQ").unwrap(), (SchedulerKind::Sfq, true));

@@ -208,9 +208,9 @@ pub enum PardaHostError {
          where PUT /api/parda/period puts them (remove the key)"
     )]
     PeriodPhase,
-    /// A `[parda]` key is refused (its validation's message, naming the key).
+    /// A `[parda]` key is refused.
     #[error("{0}")]
-    Parda(String),
+    Parda(rein_model::parda_settings::PardaSettingsError),
     /// `[parda] aggregation_delay_ms`, a simulator's key.
     #[error(
         "parda: aggregation_delay_ms models the shared board's delay in the simulator; a real host's reports take \

@@ -356,7 +356,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     // A pShift cluster's servers run its token scheduler; any other scenario's mClock unless it says.
     let fallback = if file.pshift.is_some() { "token" } else { "mclock" };
     let default_sched = file.scheduler.clone().unwrap_or_else(|| fallback.into());
-    parse_scheduler(&default_sched)?;
+    parse_scheduler(&default_sched).map_err(|e| e.to_string())?;
     if file.servers.is_empty() {
         return Err("at least one [[servers]] is needed".into());
     }

@@ -116,7 +116,7 @@ pub(crate) fn validate(
     let parda = parda.ok_or(
         "[[hosts]] need a [parda] table (latency_threshold_ms at least; enabled = false for a baseline without PARDA)",
     )?;
-    let parda = parda.validate()?;
+    let parda = parda.validate().map_err(|e| e.to_string())?;
     // A host adjusts its window at the end of each period: a period longer than the run never does.
     if parda.enabled && parda.config.period > duration {
         return Err(format!(
