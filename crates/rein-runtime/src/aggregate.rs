@@ -135,21 +135,58 @@ impl std::fmt::Debug for RecordKey {
     }
 }
 
+/// Why a record key is refused ([`RecordKey::new`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordKeyError {
+    /// Fewer than `min` bytes.
+    #[error(
+        "the key has {bytes} bytes; a record key needs at least {min} (128 bits): `psktool -u parda -p FILE` \
+         writes one of 32"
+    )]
+    Short {
+        /// The key's length.
+        bytes: usize,
+        /// The shortest accepted ([`MIN_KEY_BYTES`]).
+        min: usize,
+    },
+    /// OpenSSL refuses the key as an HMAC key.
+    #[error("the key: {0}")]
+    Key(openssl::error::ErrorStack),
+    /// HMAC-SHA-256 does not work (so tagging in the control loop could fail).
+    #[error("HMAC-SHA-256 is not available: {0}")]
+    Hmac(openssl::error::ErrorStack),
+}
+
+/// Why a record key cannot be read from its file ([`RecordKey::from_file`]); the message names the key
+/// and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordKeyFileError {
+    /// The file cannot be read, or has no line for the identity.
+    #[error("{0}")]
+    Read(Box<crate::tls::CredentialError>),
+    /// The file's key is refused.
+    #[error("{key_name} {}: {error}", path.display())]
+    Key {
+        /// The key's setting (`parda_host.key_file`).
+        key_name: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with the key.
+        error: RecordKeyError,
+    },
+}
+
 impl RecordKey {
     /// A key of at least [`MIN_KEY_BYTES`] bytes.
-    pub fn new(identity: &str, key: &[u8]) -> Result<RecordKey, String> {
+    pub fn new(identity: &str, key: &[u8]) -> Result<RecordKey, RecordKeyError> {
         if key.len() < MIN_KEY_BYTES {
-            return Err(format!(
-                "the key has {} bytes; a record key needs at least {MIN_KEY_BYTES} (128 bits): `psktool -u \
-                 parda -p FILE` writes one of 32",
-                key.len()
-            ));
+            return Err(RecordKeyError::Short { bytes: key.len(), min: MIN_KEY_BYTES });
         }
-        let key = openssl::pkey::PKey::hmac(key).map_err(|e| format!("the key: {e}"))?;
+        let key = openssl::pkey::PKey::hmac(key).map_err(RecordKeyError::Key)?;
         let mut k = RecordKey { key, identity: identity.to_string(), fingerprint: 0 };
         // HMAC must work here, so that tagging in the control loop cannot fail; its first tag is the
         // key's fingerprint.
-        let t = k.try_tag(&[0u8; RECORD_BYTES]).map_err(|e| format!("HMAC-SHA-256 is not available: {e}"))?;
+        let t = k.try_tag(&[0u8; RECORD_BYTES]).map_err(RecordKeyError::Hmac)?;
         k.fingerprint = u32::from_be_bytes([t[0], t[1], t[2], t[3]]);
         Ok(k)
     }
@@ -158,13 +195,13 @@ impl RecordKey {
     /// `identity`, or the file's only one. Errors name `key_name` and the file.
     pub fn from_file(
         path: &Path,
-        key_name: &str,
+        key_name: &'static str,
         identity: Option<&str>,
         identity_key: &str,
-    ) -> Result<RecordKey, String> {
-        let (id, key) =
-            crate::tls::read_psk_identity(path, key_name, identity, identity_key).map_err(|e| e.to_string())?;
-        RecordKey::new(&id, &key).map_err(|e| format!("{key_name} {}: {e}", path.display()))
+    ) -> Result<RecordKey, RecordKeyFileError> {
+        let (id, key) = crate::tls::read_psk_identity(path, key_name, identity, identity_key)
+            .map_err(|e| RecordKeyFileError::Read(Box::new(e)))?;
+        RecordKey::new(&id, &key).map_err(|error| RecordKeyFileError::Key { key_name, path: path.to_path_buf(), error })
     }
 
     /// A new random key of 32 bytes as a PSK file's line (`identity:hexkey`), for a file that

@@ -309,7 +309,7 @@ pub enum PardaHostError {
     KeyWithoutTransport,
     /// `key_file` or `key_identity` cannot be read or used (the message names the key and the file).
     #[error("{0}")]
-    Key(String),
+    Key(crate::aggregate::RecordKeyFileError),
     /// `key_identity` without `key_file`.
     #[error("parda_host: key_identity needs key_file")]
     IdentityWithoutKey,
@@ -1332,7 +1332,28 @@ mod tests {
         let e = refuse(&format!("{cluster}board = \"b\"\nboard_slots = 8\nid = 8"));
         assert!(matches!(e, PardaHostError::NoSlot { id: 8, slots: 8 }), "{e:?}");
         let e = refuse(&format!("{cluster}board = \"b\"\nkey_file = \"no-such-key-file\""));
-        assert!(matches!(&e, PardaHostError::Key(m) if m.contains("parda_host.key_file")), "{e:?}");
+        assert!(
+            matches!(&e, PardaHostError::Key(crate::aggregate::RecordKeyFileError::Read(c))
+                if matches!(&**c, crate::tls::CredentialError::File { key, .. } if key == "parda_host.key_file")),
+            "{e:?}"
+        );
+        // A key too short for HMAC: the setting, the file, and the key's length with the bound.
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short.psk");
+        std::fs::write(&short, format!("parda:{}\n", "ab".repeat(15))).unwrap();
+        let e = refuse(&format!("{cluster}board = \"b\"\nkey_file = \"{}\"", short.display()));
+        assert!(
+            matches!(&e, PardaHostError::Key(crate::aggregate::RecordKeyFileError::Key {
+                key_name: "parda_host.key_file",
+                path,
+                error: crate::aggregate::RecordKeyError::Short { bytes: 15, min: 16 },
+            }) if path == &short),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with(&format!("parda_host.key_file {}: the key has 15 bytes", short.display())),
+            "{e}"
+        );
         let e = refuse(&format!("{cluster}udp = \"nowhere\""));
         assert!(matches!(&e, PardaHostError::Udp { text } if text == "nowhere"), "{e:?}");
         assert!(matches!(refuse(cluster), PardaHostError::NoTransport));

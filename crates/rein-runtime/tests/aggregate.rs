@@ -559,6 +559,8 @@ fn signed_board_slots() {
     assert_eq!(st.corrupt, [("slot 0".to_string(), RecordError::Signed)]);
     // Keys of fewer than 128 bits are refused, naming the fix.
     let e = RecordKey::new("parda", &[1u8; 15]).unwrap_err();
+    assert!(matches!(e, rein_runtime::aggregate::RecordKeyError::Short { bytes: 15, min: 16 }), "{e:?}");
+    let e = e.to_string();
     assert!(e.contains("at least 16") && e.contains("psktool"), "{e}");
 }
 
