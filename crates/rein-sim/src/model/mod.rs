@@ -16,8 +16,8 @@ pub mod tenant;
 
 pub use expect::Expectation;
 pub use group::Group;
-pub use server::{parse_scheduler, Server};
-pub use tenant::Tenant;
+pub use server::{parse_scheduler, Server, ServerError, ServerFault};
+pub use tenant::{Tenant, TenantError, TenantFault};
 
 use crate::file::{FileError, ScenarioFile};
 use rein_core::{Nanos, Num, SchedConfig, SchedulerKind};
@@ -160,7 +160,7 @@ impl Scenario {
         }
         s.scheduler_name = kind.name().to_string();
         check_schedulers(s.pshift.is_some(), &s.servers)
-            .map_err(|message| ScenarioError::Invalid { scenario: self.label(), message })?;
+            .map_err(|e| ScenarioError::Invalid { scenario: self.label(), message: e.to_string() })?;
         Ok(s)
     }
 
@@ -246,27 +246,14 @@ fn check_size(pairs: usize, tenants: usize, servers: usize) -> Result<(), String
 /// The token scheduler without a controller is plain round robin, and a pShift cluster runs the token
 /// scheduler whatever a server names: either would run something other than the file (or the command
 /// line's `--scheduler`, [`Scenario::with_scheduler`]) says.
-fn check_schedulers(pshift: bool, servers: &[Server]) -> Result<(), String> {
+fn check_schedulers(pshift: bool, servers: &[Server]) -> Result<(), ServerError> {
     for s in servers {
-        match (pshift, s.scheduler == SchedulerKind::Token) {
-            (false, true) => {
-                return Err(format!(
-                    "server {}: scheduler \"token\" is pShift's, whose controller hands out the tokens: it needs a \
-                     [pshift] table (without one it would be plain round robin); otherwise use mclock, dmclock, \
-                     rbfq, sfq, lfq, dtfq or fifo",
-                    s.name
-                ))
-            }
-            (true, false) => {
-                return Err(format!(
-                    "server {}: scheduler {:?}: a [pshift] scenario's servers run pShift's token scheduler; leave \
-                     scheduler out or write \"token\"",
-                    s.name,
-                    s.scheduler.name()
-                ))
-            }
-            _ => {}
-        }
+        let fault = match (pshift, s.scheduler == SchedulerKind::Token) {
+            (false, true) => ServerFault::TokenWithoutPshift,
+            (true, false) => ServerFault::NotTokenInPshift { scheduler: s.scheduler },
+            _ => continue,
+        };
+        return Err(ServerError::new(&s.name, fault));
     }
     Ok(())
 }
@@ -371,15 +358,11 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     }
     let mut servers = Vec::with_capacity(file.servers.len());
     for (i, s) in file.servers.iter().enumerate() {
-        servers.push(server::validate_server(i, s, &default_sched, &settings)?);
+        servers.push(server::validate_server(i, s, &default_sched, &settings).map_err(|e| e.to_string())?);
         // A step at or after the end would change nothing the run sees.
         if let Some(step) = s.capacity_schedule.iter().find(|c| c.at_s >= file.duration_s) {
-            return Err(format!(
-                "server {}: capacity_schedule has a step at {} s, not before the run's end (duration_s {})",
-                s.name,
-                Num(step.at_s),
-                Num(file.duration_s)
-            ));
+            let fault = ServerFault::StepAfterEnd { at_s: step.at_s, duration_s: file.duration_s };
+            return Err(ServerError::new(&s.name, fault).to_string());
         }
     }
     check_unique(servers.iter().map(|s| s.name.as_str()), "server")?;
@@ -399,20 +382,16 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
                 || f.batch.is_some()
                 || f.batch_distance_kb.is_some();
             if own {
-                return Err(format!(
-                    "server {}: mClock settings (mclock, limit_mode, batch, batch_distance_kb) do not apply to \
-                     pShift's token scheduler",
-                    f.name
-                ));
+                return Err(ServerError::new(&f.name, ServerFault::MclockInPshift).to_string());
             }
         }
     }
-    check_schedulers(file.pshift.is_some(), &servers)?;
+    check_schedulers(file.pshift.is_some(), &servers).map_err(|e| e.to_string())?;
     let mut tenants = Vec::with_capacity(file.tenants.len());
     // Tenants naming one trace share its records; all the scenario's together are bounded.
     let mut traces = rein_model::workload::TraceCache::new();
     for (i, t) in file.tenants.iter().enumerate() {
-        tenants.push(tenant::validate_tenant(i, t, &servers, base, duration, &mut traces)?);
+        tenants.push(tenant::validate_tenant(i, t, &servers, base, duration, &mut traces).map_err(|e| e.to_string())?);
     }
     if file.pshift.is_some() && (file.parda.is_some() || !file.hosts.is_empty()) {
         return Err(

@@ -226,7 +226,7 @@ pub fn validate(
     }
     for s in servers {
         if s.device.schedule.len() > 1 {
-            return Err(format!("server {}: capacity_schedule is not supported in pshift scenarios", s.name));
+            return Err(super::ServerError::new(&s.name, super::ServerFault::ScheduleInPshift).to_string());
         }
     }
     let (tenants, buckets) = match (&f.generate, tenants.is_empty()) {
