@@ -283,7 +283,7 @@ pub(crate) fn validate(
     validate_numbers(&at, e, run.duration_s, run.interval_s)?;
     // A note is printed under its check's line: a line break in it would forge another line.
     if let Some(note) = &e.note {
-        super::no_control(&format!("{at}: note"), note)?;
+        super::no_control(&format!("{at}: note"), note).map_err(|e| e.to_string())?;
     }
     // `ratio` scales the value of what `ratio_to` names: alone it would be ignored.
     if let (Some(r), None) = (e.ratio, &e.ratio_to) {

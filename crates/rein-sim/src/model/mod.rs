@@ -21,7 +21,9 @@ pub use tenant::{Tenant, TenantError, TenantFault};
 
 use crate::file::{FileError, ScenarioFile};
 use rein_core::{Nanos, Num, SchedConfig, SchedulerKind};
-use rein_model::sched_settings::{with_cost_model_shorthand, SchedSettingsFile};
+use rein_model::sched_settings::{
+    with_cost_model_shorthand, CostModelTwice, SchedSettingsFile, SettingsError, UnknownSimScheduler,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -51,15 +53,191 @@ pub enum ScenarioError {
     /// The file could not be read or parsed.
     #[error(transparent)]
     File(#[from] FileError),
-    /// A value is out of range or a name unknown (the message names it).
-    #[error("scenario {scenario}: {message}")]
+    /// A value is out of range or a name unknown: [`ModelError`] names it.
+    #[error("scenario {scenario}: {error}")]
     Invalid {
         /// The scenario as errors name it ([`Scenario::label`]): its file's path, or its name in quotes
         /// for text given directly.
         scenario: String,
         /// What is wrong.
-        message: String,
+        error: ModelError,
     },
+}
+
+/// What is wrong with a scenario that parsed: the key, the value and the bound, or the entry (a server,
+/// a tenant) and what is wrong with it. Its message names the field once ([`ScenarioError::Invalid`]
+/// adds the scenario).
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// `name` is empty.
+    #[error("name must not be empty")]
+    EmptyName,
+    /// Text the outputs carry (names, the scenario's `name`, a note) holds a control character.
+    #[error("{key} {text:?} has a control character (a line break, tab or escape)")]
+    ControlCharacter {
+        /// What the text is (`name`, `tenant name`, `expect[2]: note`).
+        key: String,
+        /// The text.
+        text: String,
+    },
+    /// `duration_s` is not in (0, max].
+    #[error("duration_s must be more than 0 and at most {max} s, got {}", Num(*.got))]
+    Duration {
+        /// The longest run ([`MAX_DURATION_S`]).
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+    /// A time (`warmup_s`, `interval_s`) outside [0, max] seconds.
+    #[error("{key} must be between 0 and {max} s, got {}", Num(*.got))]
+    Seconds {
+        /// The key.
+        key: &'static str,
+        /// The longest time accepted ([`MAX_DURATION_S`]).
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+    /// `warmup_s` at or after `duration_s`.
+    #[error("warmup_s ({warmup_s}) must be less than duration_s ({duration_s})")]
+    Warmup {
+        /// `warmup_s`.
+        warmup_s: f64,
+        /// `duration_s`.
+        duration_s: f64,
+    },
+    /// `interval_s` under a millisecond.
+    #[error("interval_s must be at least 0.001")]
+    IntervalTooShort,
+    /// More than `max` timeseries intervals.
+    #[error("duration_s / interval_s exceeds {max} intervals")]
+    TooManyIntervals {
+        /// The most intervals ([`MAX_INTERVALS`]).
+        max: usize,
+    },
+    /// `interval_s` above `duration_s`.
+    #[error(
+        "interval_s ({}) must not exceed duration_s ({duration_s}): the timeseries would have one partial interval",
+        Num(*.interval_s)
+    )]
+    IntervalAboveDuration {
+        /// `interval_s`.
+        interval_s: f64,
+        /// `duration_s`.
+        duration_s: f64,
+    },
+    /// `cost_model` given both at the top and in `[mclock]`.
+    #[error("{0}")]
+    CostModelTwice(CostModelTwice),
+    /// A `[mclock]` setting is refused.
+    #[error("{0}")]
+    Sched(SettingsError),
+    /// `network.delay_ms` outside [0, 10000].
+    #[error("network.delay_ms must be between 0 and 10000, got {got}")]
+    NetworkDelay {
+        /// The value given.
+        got: f64,
+    },
+    /// The scenario's `scheduler` names no scheduler.
+    #[error("{0}")]
+    Scheduler(UnknownSimScheduler),
+    /// No `[[servers]]`.
+    #[error("at least one [[servers]] is needed")]
+    NoServers,
+    /// More than `max` servers.
+    #[error("at most {max} servers")]
+    TooManyServers {
+        /// [`MAX_SERVERS`].
+        max: usize,
+    },
+    /// No `[[tenants]]` (and no `[pshift]` to generate them).
+    #[error("at least one [[tenants]] is needed")]
+    NoTenants,
+    /// More than `max` tenants.
+    #[error("at most {max} tenants")]
+    TooManyTenants {
+        /// [`MAX_TENANTS`].
+        max: usize,
+    },
+    /// A server is refused.
+    #[error("{0}")]
+    Server(ServerError),
+    /// A tenant is refused.
+    #[error("{0}")]
+    Tenant(TenantError),
+    /// A server, tenant or host without a name.
+    #[error("a {what} has an empty name")]
+    EmptyEntryName {
+        /// `server`, `tenant` or `host`.
+        what: &'static str,
+    },
+    /// Two servers, tenants or hosts of one name.
+    #[error("two {what}s are named {name:?}")]
+    RepeatedName {
+        /// `server`, `tenant` or `host`.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// `[mclock]` settings other than `cost_model` in a `[pshift]` scenario.
+    #[error(
+        "[mclock]: a [pshift] scenario's servers run pShift's token scheduler, which takes only cost_model from it"
+    )]
+    MclockInPshift,
+    /// Both PARDA hosts and a pShift cluster.
+    #[error("a scenario has either PARDA hosts ([parda], [[hosts]]) or a pShift cluster ([pshift]), not both")]
+    PardaAndPshift,
+    /// More tenant-server pairs than `max` ([`MAX_PAIRS`]).
+    #[error(
+        "{pairs} tenant-server pairs (each tenant times the servers it uses) exceed the bound of {max} (about 700 \
+         bytes each)"
+    )]
+    TooManyPairs {
+        /// The pairs.
+        pairs: usize,
+        /// [`MAX_PAIRS`].
+        max: usize,
+    },
+    /// Tenants x servers above `max` ([`MAX_TENANTS_X_SERVERS`]).
+    #[error("{tenants} tenants x {servers} servers exceed the bound of {max} (each server keeps a count per tenant)")]
+    TenantsXServers {
+        /// The tenants.
+        tenants: usize,
+        /// The servers.
+        servers: usize,
+        /// [`MAX_TENANTS_X_SERVERS`].
+        max: usize,
+    },
+    /// The open loops would hold more than `max` requests on the network at once.
+    #[error(
+        "network.delay_ms {} x the open loops' rates: {} requests would be on the network at once (tenant {tenant}'s \
+         {}, by its rate x the delay), above the bound of {} (each holds memory until it is served)",
+        Num(*.delay_ms),
+        Num(*.requests),
+        Num(*.tenant_requests),
+        Num(*.max)
+    )]
+    NetworkInFlight {
+        /// `network.delay_ms`.
+        delay_ms: f64,
+        /// The requests on the network at once, about (rounded).
+        requests: f64,
+        /// The tenant with the most.
+        tenant: String,
+        /// Its requests (rounded).
+        tenant_requests: f64,
+        /// [`MAX_NETWORK_IN_FLIGHT`].
+        max: f64,
+    },
+    /// `[parda]` or `[[hosts]]` is refused; the message names the field.
+    #[error("{0}")]
+    Parda(String),
+    /// `[pshift]` is refused; the message names the field.
+    #[error("{0}")]
+    Pshift(String),
+    /// An `[[expect]]` is refused; the message names it and the field.
+    #[error("{0}")]
+    Expect(String),
 }
 
 /// A validated scenario.
@@ -141,7 +319,7 @@ impl Scenario {
         if let Some(ps) = &mut s.pshift {
             if let Some(r) = ps.regenerate(&self.servers, seed, self.duration) {
                 let (tenants, buckets) =
-                    r.map_err(|message| ScenarioError::Invalid { scenario: self.label(), message })?;
+                    r.map_err(|e| ScenarioError::Invalid { scenario: self.label(), error: ModelError::Pshift(e) })?;
                 Arc::make_mut(ps).buckets = buckets;
                 s.tenants = tenants;
             }
@@ -160,7 +338,7 @@ impl Scenario {
         }
         s.scheduler_name = kind.name().to_string();
         check_schedulers(s.pshift.is_some(), &s.servers)
-            .map_err(|e| ScenarioError::Invalid { scenario: self.label(), message: e.to_string() })?;
+            .map_err(|e| ScenarioError::Invalid { scenario: self.label(), error: ModelError::Server(e) })?;
         Ok(s)
     }
 
@@ -193,32 +371,32 @@ fn label(path: Option<&Path>, name: &str) -> String {
 }
 
 /// A top-level time (the error is prefixed with the scenario's file or name by [`ScenarioError::Invalid`]).
-fn secs(field: &str, v: f64) -> Result<Nanos, String> {
-    if !v.is_finite() || !(0.0..=MAX_DURATION_S).contains(&v) {
-        return Err(format!("{field} must be between 0 and {MAX_DURATION_S} s, got {}", Num(v)));
+fn secs(key: &'static str, got: f64) -> Result<Nanos, ModelError> {
+    if !got.is_finite() || !(0.0..=MAX_DURATION_S).contains(&got) {
+        return Err(ModelError::Seconds { key, max: MAX_DURATION_S, got });
     }
-    Ok(Nanos::from_secs_f64(v))
+    Ok(Nanos::from_secs_f64(got))
 }
 
 /// A line break splits a row of the CSV outputs or forges a line of the report, an escape sequence
 /// rewrites the terminal's table: text the outputs carry (names, the scenario's `name`, an expectation's
 /// `note`) may hold none. `what` names the key in the error.
-pub(crate) fn no_control(what: &str, text: &str) -> Result<(), String> {
+pub(crate) fn no_control(what: &str, text: &str) -> Result<(), ModelError> {
     if text.chars().any(char::is_control) {
-        return Err(format!("{what} {text:?} has a control character (a line break, tab or escape)"));
+        return Err(ModelError::ControlCharacter { key: what.to_string(), text: text.to_string() });
     }
     Ok(())
 }
 
-fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<(), String> {
+fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &'static str) -> Result<(), ModelError> {
     let mut seen = std::collections::BTreeSet::new();
     for n in names {
         if n.trim().is_empty() {
-            return Err(format!("a {what} has an empty name"));
+            return Err(ModelError::EmptyEntryName { what });
         }
         no_control(&format!("{what} name"), n)?;
         if !seen.insert(n) {
-            return Err(format!("two {what}s are named {n:?}"));
+            return Err(ModelError::RepeatedName { what, name: n.to_string() });
         }
     }
     Ok(())
@@ -227,18 +405,12 @@ fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<
 /// The memory a run takes grows with the tenant-server pairs and with tenants x servers: both bounded
 /// ([`MAX_PAIRS`], [`MAX_TENANTS_X_SERVERS`]), so a file cannot ask for more than the machine has (20,000
 /// tenants on 1,024 servers once took 14.4 GB).
-fn check_size(pairs: usize, tenants: usize, servers: usize) -> Result<(), String> {
+fn check_size(pairs: usize, tenants: usize, servers: usize) -> Result<(), ModelError> {
     if pairs > MAX_PAIRS {
-        return Err(format!(
-            "{pairs} tenant-server pairs (each tenant times the servers it uses) exceed the bound of {MAX_PAIRS} \
-             (about 700 bytes each)"
-        ));
+        return Err(ModelError::TooManyPairs { pairs, max: MAX_PAIRS });
     }
     if tenants.saturating_mul(servers) > MAX_TENANTS_X_SERVERS {
-        return Err(format!(
-            "{tenants} tenants x {servers} servers exceed the bound of {MAX_TENANTS_X_SERVERS} (each server keeps a \
-             count per tenant)"
-        ));
+        return Err(ModelError::TenantsXServers { tenants, servers, max: MAX_TENANTS_X_SERVERS });
     }
     Ok(())
 }
@@ -263,7 +435,7 @@ fn check_schedulers(pshift: bool, servers: &[Server]) -> Result<(), ServerError>
 /// and a PARDA VM's wait at its host for room in the window), summed, at most [`MAX_NETWORK_IN_FLIGHT`].
 /// Nothing bounded them: an open loop at 10^7 IOPS behind a 10 s delay held 10^8 requests in memory.
 /// The error names the tenant with the most.
-fn check_network(net: Nanos, tenants: &[Tenant]) -> Result<(), String> {
+fn check_network(net: Nanos, tenants: &[Tenant]) -> Result<(), ModelError> {
     if net == Nanos::ZERO {
         return Ok(());
     }
@@ -277,15 +449,13 @@ fn check_network(net: Nanos, tenants: &[Tenant]) -> Result<(), String> {
         }
     }
     match most {
-        Some((t, n)) if total > MAX_NETWORK_IN_FLIGHT => Err(format!(
-            "network.delay_ms {} x the open loops' rates: {} requests would be on the network at once (tenant \
-             {}'s {}, by its rate x the delay), above the bound of {} (each holds memory until it is served)",
-            Num(net.as_secs_f64() * 1e3),
-            Num(total.round()),
-            t.name,
-            Num(n.round()),
-            Num(MAX_NETWORK_IN_FLIGHT)
-        )),
+        Some((t, n)) if total > MAX_NETWORK_IN_FLIGHT => Err(ModelError::NetworkInFlight {
+            delay_ms: net.as_secs_f64() * 1e3,
+            requests: total.round(),
+            tenant: t.name.clone(),
+            tenant_requests: n.round(),
+            max: MAX_NETWORK_IN_FLIGHT,
+        }),
         _ => Ok(()),
     }
 }
@@ -300,69 +470,69 @@ impl ScenarioFile {
 
     /// [`ScenarioFile::validate`] with errors naming the scenario as `label` ([`Scenario::label`]).
     pub fn validate_as(self, base: Option<&Path>, label: String) -> Result<Scenario, ScenarioError> {
-        validate(self, base).map_err(|message| ScenarioError::Invalid { scenario: label, message })
+        validate(self, base).map_err(|error| ScenarioError::Invalid { scenario: label, error })
     }
 }
 
-fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String> {
+fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, ModelError> {
     if file.name.trim().is_empty() {
-        return Err("name must not be empty".into());
+        return Err(ModelError::EmptyName);
     }
     // The name heads the summary, the plots and summary.json's "name".
     no_control("name", &file.name)?;
     // One message for every value out of range, zero and negative alike.
-    let duration = secs("duration_s", file.duration_s).ok().filter(|&d| d > Nanos::ZERO).ok_or_else(|| {
-        format!("duration_s must be more than 0 and at most {MAX_DURATION_S} s, got {}", Num(file.duration_s))
-    })?;
+    let duration = secs("duration_s", file.duration_s)
+        .ok()
+        .filter(|&d| d > Nanos::ZERO)
+        .ok_or(ModelError::Duration { max: MAX_DURATION_S, got: file.duration_s })?;
     let warmup = secs("warmup_s", file.warmup_s)?;
     if warmup >= duration {
-        return Err(format!("warmup_s ({}) must be less than duration_s ({})", file.warmup_s, file.duration_s));
+        return Err(ModelError::Warmup { warmup_s: file.warmup_s, duration_s: file.duration_s });
     }
     let interval = secs("interval_s", file.interval_s.unwrap_or(1.0))?;
     if interval < Nanos::from_millis(1) {
-        return Err("interval_s must be at least 0.001".into());
+        return Err(ModelError::IntervalTooShort);
     }
     if (duration.0 / interval.0) as usize > MAX_INTERVALS {
-        return Err(format!("duration_s / interval_s exceeds {MAX_INTERVALS} intervals"));
+        return Err(ModelError::TooManyIntervals { max: MAX_INTERVALS });
     }
     if interval > duration {
-        return Err(format!(
-            "interval_s ({}) must not exceed duration_s ({}): the timeseries would have one partial interval",
-            Num(interval.as_secs_f64()),
-            file.duration_s
-        ));
+        return Err(ModelError::IntervalAboveDuration {
+            interval_s: interval.as_secs_f64(),
+            duration_s: file.duration_s,
+        });
     }
     // `cost_model` at the top is a shorthand for `[mclock] cost_model`; one of the two.
-    let settings =
-        with_cost_model_shorthand(file.mclock.as_ref(), file.cost_model.as_ref()).map_err(|e| e.to_string())?;
-    let sched = settings.resolve().map_err(|e| e.to_string())?;
+    let settings = with_cost_model_shorthand(file.mclock.as_ref(), file.cost_model.as_ref())
+        .map_err(ModelError::CostModelTwice)?;
+    let sched = settings.resolve().map_err(ModelError::Sched)?;
     let net = file.network.delay_ms;
     if !net.is_finite() || !(0.0..=10_000.0).contains(&net) {
-        return Err(format!("network.delay_ms must be between 0 and 10000, got {net}"));
+        return Err(ModelError::NetworkDelay { got: net });
     }
     // A pShift cluster's servers run its token scheduler; any other scenario's mClock unless it says.
     let fallback = if file.pshift.is_some() { "token" } else { "mclock" };
     let default_sched = file.scheduler.clone().unwrap_or_else(|| fallback.into());
-    parse_scheduler(&default_sched).map_err(|e| e.to_string())?;
+    parse_scheduler(&default_sched).map_err(ModelError::Scheduler)?;
     if file.servers.is_empty() {
-        return Err("at least one [[servers]] is needed".into());
+        return Err(ModelError::NoServers);
     }
     if file.servers.len() > MAX_SERVERS {
-        return Err(format!("at most {MAX_SERVERS} servers"));
+        return Err(ModelError::TooManyServers { max: MAX_SERVERS });
     }
     if file.tenants.is_empty() && file.pshift.is_none() {
-        return Err("at least one [[tenants]] is needed".into());
+        return Err(ModelError::NoTenants);
     }
     if file.tenants.len() > MAX_TENANTS {
-        return Err(format!("at most {MAX_TENANTS} tenants"));
+        return Err(ModelError::TooManyTenants { max: MAX_TENANTS });
     }
     let mut servers = Vec::with_capacity(file.servers.len());
     for (i, s) in file.servers.iter().enumerate() {
-        servers.push(server::validate_server(i, s, &default_sched, &settings).map_err(|e| e.to_string())?);
+        servers.push(server::validate_server(i, s, &default_sched, &settings).map_err(ModelError::Server)?);
         // A step at or after the end would change nothing the run sees.
         if let Some(step) = s.capacity_schedule.iter().find(|c| c.at_s >= file.duration_s) {
             let fault = ServerFault::StepAfterEnd { at_s: step.at_s, duration_s: file.duration_s };
-            return Err(ServerError::new(&s.name, fault).to_string());
+            return Err(ModelError::Server(ServerError::new(&s.name, fault)));
         }
     }
     check_unique(servers.iter().map(|s| s.name.as_str()), "server")?;
@@ -372,9 +542,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
         let only_cost =
             |m: &SchedSettingsFile| *m == SchedSettingsFile { cost_model: m.cost_model.clone(), ..Default::default() };
         if file.mclock.as_ref().is_some_and(|m| !only_cost(m)) {
-            return Err("[mclock]: a [pshift] scenario's servers run pShift's token scheduler, which takes only \
-                        cost_model from it"
-                .into());
+            return Err(ModelError::MclockInPshift);
         }
         for f in &file.servers {
             let own = f.mclock.as_ref().is_some_and(|m| *m != SchedSettingsFile::default())
@@ -382,26 +550,25 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
                 || f.batch.is_some()
                 || f.batch_distance_kb.is_some();
             if own {
-                return Err(ServerError::new(&f.name, ServerFault::MclockInPshift).to_string());
+                return Err(ModelError::Server(ServerError::new(&f.name, ServerFault::MclockInPshift)));
             }
         }
     }
-    check_schedulers(file.pshift.is_some(), &servers).map_err(|e| e.to_string())?;
+    check_schedulers(file.pshift.is_some(), &servers).map_err(ModelError::Server)?;
     let mut tenants = Vec::with_capacity(file.tenants.len());
     // Tenants naming one trace share its records; all the scenario's together are bounded.
     let mut traces = rein_model::workload::TraceCache::new();
     for (i, t) in file.tenants.iter().enumerate() {
-        tenants.push(tenant::validate_tenant(i, t, &servers, base, duration, &mut traces).map_err(|e| e.to_string())?);
+        tenants.push(tenant::validate_tenant(i, t, &servers, base, duration, &mut traces).map_err(ModelError::Tenant)?);
     }
     if file.pshift.is_some() && (file.parda.is_some() || !file.hosts.is_empty()) {
-        return Err(
-            "a scenario has either PARDA hosts ([parda], [[hosts]]) or a pShift cluster ([pshift]), not both".into()
-        );
+        return Err(ModelError::PardaAndPshift);
     }
     let pshift = match &file.pshift {
         None => None,
         Some(p) => {
-            let (section, all) = pshift::validate(p, &servers, tenants, file.seed, duration, interval)?;
+            let (section, all) =
+                pshift::validate(p, &servers, tenants, file.seed, duration, interval).map_err(ModelError::Pshift)?;
             tenants = all;
             Some(Arc::new(section))
         }
@@ -409,7 +576,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
     check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
     check_size(tenants.iter().map(|t| t.servers.len()).sum(), tenants.len(), servers.len())?;
     let (parda, hosts) =
-        parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers, duration)?;
+        parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers, duration)
+            .map_err(ModelError::Parda)?;
     // pShift's buckets do not cross the network (the cluster layer drives them).
     if file.pshift.is_none() {
         check_network(Nanos::from_secs_f64(net / 1e3), &tenants)?;
@@ -430,7 +598,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, String>
             };
             expect::validate(i, e, &tenants, &servers, &hosts, periods, run)
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ModelError::Expect)?;
     Ok(Scenario {
         name: file.name,
         path: None,
@@ -460,11 +629,61 @@ mod tests {
     fn the_size_bounds_hold_at_their_edges() {
         assert!(check_size(MAX_PAIRS, 1, 1).is_ok());
         let e = check_size(20_000 * 1024, 20_000, 1024).unwrap_err();
-        assert!(e.starts_with("20480000 tenant-server pairs"), "{e}");
+        assert!(matches!(e, ModelError::TooManyPairs { pairs: 20_480_000, max: MAX_PAIRS }), "{e:?}");
+        assert!(e.to_string().starts_with("20480000 tenant-server pairs"), "{e}");
         assert!(check_size(MAX_PAIRS + 1, 1, 1).is_err());
         // A million tenants on 1,024 servers, one server each: few pairs, a dense count per server.
         let e = check_size(1_000_000, 1_000_000, 1024).unwrap_err();
-        assert!(e.contains("1000000 tenants x 1024 servers exceed"), "{e}");
+        assert!(
+            matches!(e, ModelError::TenantsXServers { tenants: 1_000_000, servers: 1024, max: MAX_TENANTS_X_SERVERS }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("1000000 tenants x 1024 servers exceed"), "{e}");
         assert!(check_size(1_000_000, 1_000_000, 100).is_ok());
+    }
+
+    const BASE: &str = "name = \"t\"\nduration_s = 10\n[[servers]]\nname = \"s\"\ncapacity_iops = 100\n\
+                        [[tenants]]\nname = \"a\"\n[tenants.workload]\nkind = \"closed\"\n";
+
+    /// The error of `BASE` with `from` replaced by `to`, with the scenario it names.
+    fn refused(from: &str, to: &str) -> (String, ModelError) {
+        assert!(BASE.contains(from), "{from}");
+        match Scenario::from_toml(&BASE.replacen(from, to, 1), None).unwrap_err() {
+            ScenarioError::Invalid { scenario, error } => (scenario, error),
+            e => panic!("not a model error: {e}"),
+        }
+    }
+
+    #[test]
+    fn errors_are_typed_with_the_key_value_and_bound() {
+        let (scenario, e) = refused("duration_s = 10", "duration_s = 10\nwarmup_s = 12");
+        assert_eq!(scenario, "\"t\"");
+        assert!(matches!(e, ModelError::Warmup { warmup_s: 12.0, duration_s: 10.0 }), "{e:?}");
+        let (_, e) = refused("duration_s = 10", "duration_s = -1");
+        assert!(matches!(e, ModelError::Duration { max: MAX_DURATION_S, got: -1.0 }), "{e:?}");
+        let (_, e) = refused("duration_s = 10", "duration_s = 10\ninterval_s = 1e9");
+        assert!(matches!(e, ModelError::Seconds { key: "interval_s", max: MAX_DURATION_S, got: 1e9 }), "{e:?}");
+        let two = "kind = \"closed\"\n[[tenants]]\nname = \"a\"\n[tenants.workload]\nkind = \"closed\"";
+        let (_, e) = refused("kind = \"closed\"", two);
+        assert!(matches!(&e, ModelError::RepeatedName { what: "tenant", name } if name == "a"), "{e:?}");
+        let (_, e) = refused("name = \"t\"", "name = \"t\\n\"");
+        assert!(matches!(&e, ModelError::ControlCharacter { key, text } if key == "name" && text == "t\n"), "{e:?}");
+        let (_, e) = refused("capacity_iops = 100", "capacity_iops = 100\nscheduler = \"token\"");
+        assert!(
+            matches!(&e, ModelError::Server(ServerError { server, fault: ServerFault::TokenWithoutPshift }) if server == "s"),
+            "{e:?}"
+        );
+        let (_, e) = refused("kind = \"closed\"", "kind = \"closed\"\n[network]\ndelay_ms = 20000");
+        assert!(matches!(e, ModelError::NetworkDelay { got: 20_000.0 }), "{e:?}");
+        let (_, e) = refused("name = \"a\"", "name = \"a\"\nservers = [\"x\"]");
+        assert!(
+            matches!(&e, ModelError::Tenant(TenantError { tenant, fault: TenantFault::UnknownServer { server } })
+            if tenant == "a" && server == "x"),
+            "{e:?}"
+        );
+        // The message is the scenario's, then the field's, once each.
+        let text = BASE.replacen("name = \"a\"", "name = \"a\"\nservers = [\"x\"]", 1);
+        let message = Scenario::from_toml(&text, None).unwrap_err().to_string();
+        assert_eq!(message, "scenario \"t\": tenant a: unknown server \"x\"");
     }
 }

@@ -128,7 +128,7 @@ pub(crate) fn validate(
     if files.len() > MAX_HOSTS {
         return Err(format!("at most {MAX_HOSTS} hosts"));
     }
-    super::check_unique(files.iter().map(|f| f.name.as_str()), "host")?;
+    super::check_unique(files.iter().map(|f| f.name.as_str()), "host").map_err(|e| e.to_string())?;
     let mut hosts = Vec::with_capacity(files.len());
     let mut by_name = std::collections::BTreeMap::new();
     for (i, f) in files.iter().enumerate() {
