@@ -14,7 +14,7 @@ pub mod pshift;
 pub mod server;
 pub mod tenant;
 
-pub use expect::Expectation;
+pub use expect::{ExpectError, ExpectFault, Expectation};
 pub use group::Group;
 pub use server::{parse_scheduler, Server, ServerError, ServerFault};
 pub use tenant::{Tenant, TenantError, TenantFault};
@@ -235,9 +235,9 @@ pub enum ModelError {
     /// `[pshift]` is refused; the message names the field.
     #[error("{0}")]
     Pshift(String),
-    /// An `[[expect]]` is refused; the message names it and the field.
+    /// An `[[expect]]` is refused.
     #[error("{0}")]
-    Expect(String),
+    Expect(ExpectError),
 }
 
 /// A validated scenario.
