@@ -232,9 +232,9 @@ pub enum ModelError {
     /// `[parda]` or `[[hosts]]` is refused; the message names the field.
     #[error("{0}")]
     Parda(String),
-    /// `[pshift]` is refused; the message names the field.
+    /// `[pshift]` is refused.
     #[error("{0}")]
-    Pshift(String),
+    Pshift(pshift::PshiftError),
     /// An `[[expect]]` is refused.
     #[error("{0}")]
     Expect(ExpectError),

@@ -19,9 +19,232 @@ use rand::Rng;
 use rein_core::pshift::tokens::ROrder;
 use rein_core::pshift::{DemandEstimator, EarlyRounds};
 use rein_core::Num;
-use rein_core::{Nanos, QosSpec};
-use rein_model::workload::{WorkloadKind, WorkloadSpec, MAX_OUTSTANDING};
+use rein_core::{Nanos, QosSpec, SpecError};
+use rein_model::workload::{WorkloadError, WorkloadKind, WorkloadSpec, MAX_OUTSTANDING};
 use rein_model::Routing;
+
+/// What is wrong with a `[pshift]` section (or its buckets): the key, the value and the bound. Its
+/// message names the key once (`pshift.KEY`, `pshift.generate.KEY`, or the tenant or server).
+#[derive(Debug, thiserror::Error)]
+pub enum PshiftError {
+    /// `period_s` or `start_s` outside [min, max] seconds.
+    #[error("pshift.{key} must be between {min} and {max}, got {}", Num(*.got))]
+    Seconds {
+        /// `period_s` or `start_s`.
+        key: &'static str,
+        /// The shortest accepted.
+        min: f64,
+        /// The longest accepted.
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+    /// `intervals` outside 1..=1000.
+    #[error("pshift.intervals must be in 1..=1000, got {got}")]
+    Intervals {
+        /// The value given.
+        got: u32,
+    },
+    /// `period_s` or `start_s` not a multiple of the scenario's interval, or `period_s / intervals` not a
+    /// whole number of nanoseconds.
+    #[error(
+        "pshift: period_s and start_s must be multiples of interval_s ({interval_s} s), and period_s / intervals \
+         a whole number of ns"
+    )]
+    Tiling {
+        /// The scenario's `interval_s`.
+        interval_s: f64,
+    },
+    /// `start_s` at or after the run's end.
+    #[error("pshift.start_s must be before the end of the run")]
+    StartAfterEnd,
+    /// No QoS period closes before the run's end.
+    #[error(
+        "pshift.period_s ({} s) from its start ({} s) outlasts the run ({} s): no QoS period would close",
+        Num(*.period_s),
+        Num(*.start_s),
+        Num(*.duration_s)
+    )]
+    NoPeriodCloses {
+        /// The period (s).
+        period_s: f64,
+        /// When the first period starts (s).
+        start_s: f64,
+        /// The run's duration (s).
+        duration_s: f64,
+    },
+    /// `delay_ms` outside [0, 10000].
+    #[error("pshift.delay_ms must be between 0 and 10000 ms, got {}", Num(*.got))]
+    Delay {
+        /// The value given.
+        got: f64,
+    },
+    /// `estimator` or `backlog_idle_pct` is refused.
+    #[error("{0}")]
+    Estimator(rein_model::pshift_settings::EstimatorError),
+    /// `r_order` or `r_floor_ios` is refused.
+    #[error("{0}")]
+    ROrder(rein_model::pshift_settings::ROrderError),
+    /// `arrivals` is neither `uniform` nor `poisson`.
+    #[error("pshift.arrivals {got:?}: expected uniform or poisson")]
+    Arrivals {
+        /// The word given.
+        got: String,
+    },
+    /// `early_rounds` above 100.
+    #[error("pshift.early_rounds must be in 0..=100, got {got}")]
+    EarlyRounds {
+        /// The value given.
+        got: u32,
+    },
+    /// A server that a pShift cluster cannot run (a capacity schedule).
+    #[error("{0}")]
+    Server(super::ServerError),
+    /// Both `[[tenants]]` and `[pshift.generate]`.
+    #[error("pshift: give either [[tenants]] or [pshift.generate], not both")]
+    TenantsAndGenerate,
+    /// Neither `[[tenants]]` nor `[pshift.generate]`.
+    #[error("at least one [[tenants]] (or [pshift.generate]) is needed")]
+    NoBuckets,
+    /// A written bucket's workload is neither open nor closed per server without think time.
+    #[error(
+        "tenant {tenant}: pshift buckets need an open workload or a closed one with outstanding_per_server (and \
+         no think time)"
+    )]
+    BucketWorkload {
+        /// The tenant.
+        tenant: String,
+    },
+    /// A written bucket with `start_s`.
+    #[error("tenant {tenant}: pshift buckets start at 0 (start_s is not supported)")]
+    BucketStart {
+        /// The tenant.
+        tenant: String,
+    },
+    /// A written bucket routed by trace device.
+    #[error("tenant {tenant}: routing = \"device\" is for trace workloads, not pshift buckets")]
+    BucketDeviceRouting {
+        /// The tenant.
+        tenant: String,
+    },
+    /// `generate.buckets` outside `1..=max`.
+    #[error("pshift.generate.buckets must be in 1..={max}")]
+    Buckets {
+        /// The most buckets ([`super::MAX_TENANTS`]).
+        max: usize,
+        /// The value given.
+        got: usize,
+    },
+    /// `generate.active_servers` outside `1..=servers`, or its range's min above its max.
+    #[error("pshift.generate.active_servers must be within 1..={servers} (the server count), min <= max")]
+    ActiveServers {
+        /// The scenario's servers.
+        servers: usize,
+        /// The fewest active servers given.
+        min: usize,
+        /// The most active servers given.
+        max: usize,
+    },
+    /// `generate.demand_changes` above `max`.
+    #[error("pshift.generate.demand_changes must be at most {max}")]
+    DemandChanges {
+        /// [`MAX_DEMAND_CHANGES`].
+        max: u32,
+        /// The value given.
+        got: u32,
+    },
+    /// More generated demand entries than `max`.
+    #[error(
+        "pshift.generate: buckets x (demand_changes + 1) x the most active servers is {entries}, above {max} (the \
+         generated demands are held in memory): lower one of them"
+    )]
+    GeneratedDemands {
+        /// The entries asked for.
+        entries: u64,
+        /// [`MAX_GENERATED_DEMANDS`].
+        max: u64,
+    },
+    /// A Zipf exponent (`demand_zipf_s`, `reservation_zipf_s`) or `reserved_fraction` outside [0, 10].
+    #[error("pshift.generate.{key} must be in [0, 10]")]
+    ZeroToTen {
+        /// The key.
+        key: &'static str,
+        /// The value given.
+        got: f64,
+    },
+    /// `size_kb` or the open buckets' rate is refused.
+    #[error("{0}")]
+    Workload(WorkloadError),
+    /// `reservation_iops`, `demand_ratio` or `limit_iops` is not a positive number (up to 10^12).
+    #[error("pshift.generate.{key} must be a positive number, got {}", Num(*.got))]
+    Positive {
+        /// The key.
+        key: &'static str,
+        /// The value given.
+        got: f64,
+    },
+    /// Both `reservation_iops` and `reserved_fraction`.
+    #[error("pshift.generate: give reservation_iops or reserved_fraction, not both")]
+    ReservationTwice,
+    /// `outstanding_per_server` outside `1..=max`.
+    #[error("pshift.generate.outstanding_per_server must be in 1..={max}")]
+    OutstandingPerServer {
+        /// [`MAX_OUTSTANDING`].
+        max: u32,
+        /// The value given.
+        got: u32,
+    },
+    /// Neither or both of `demand_ratio` and `outstanding_per_server`.
+    #[error("pshift.generate: give demand_ratio (open arrivals) or outstanding_per_server (closed loops)")]
+    NoLoad,
+    /// `limit_iops` below `reservation_iops`.
+    #[error(
+        "pshift.generate: limit_iops {} is below reservation_iops {}: every bucket's limit would be its reservation",
+        Num(*.limit),
+        Num(*.reservation)
+    )]
+    LimitBelowReservation {
+        /// `limit_iops`.
+        limit: f64,
+        /// `reservation_iops`.
+        reservation: f64,
+    },
+    /// `limit_ratio` on a bucket whose share of the reservations is 0 IOs a period.
+    #[error(
+        "pshift.generate: bucket b{bucket}'s reservation comes to 0 IOs per period (the reservations split {} a \
+         period over {buckets} buckets), so limit_ratio {} gives it a limit of 0: fewer buckets, more \
+         capacity_iops or reserved_fraction, or limit_iops in place of limit_ratio",
+        rein_core::Count(usize::try_from(*.total).unwrap_or(usize::MAX), "IO"),
+        Num(*.limit_ratio)
+    )]
+    ZeroLimit {
+        /// The bucket's index.
+        bucket: usize,
+        /// The IOs a period the reservations split.
+        total: u64,
+        /// The buckets.
+        buckets: usize,
+        /// `limit_ratio`.
+        limit_ratio: f64,
+    },
+    /// `limit_ratio` below 1.
+    #[error("pshift.generate.limit_ratio must be at least 1, got {got}")]
+    LimitRatio {
+        /// The value given.
+        got: f64,
+    },
+    /// Both `limit_iops` and `limit_ratio`.
+    #[error("pshift.generate: give limit_iops or limit_ratio, not both")]
+    LimitTwice,
+    /// A generated bucket's spec is refused.
+    #[error("pshift.generate bucket b{bucket}: {error}")]
+    BucketSpec {
+        /// The bucket's index.
+        bucket: usize,
+        /// What is wrong with its spec.
+        error: SpecError,
+    },
+}
 
 /// Most demand changes per bucket.
 pub const MAX_DEMAND_CHANGES: u32 = 1000;
@@ -139,7 +362,7 @@ impl PshiftSection {
 
     /// The generated buckets drawn again with `seed` (tenants and plans), or `None` when they are written
     /// in the file. `servers` and `duration` are the scenario's.
-    pub fn regenerate(&self, servers: &[Server], seed: u64, duration: Nanos) -> Option<Result<Generated, String>> {
+    pub fn regenerate(&self, servers: &[Server], seed: u64, duration: Nanos) -> Option<Result<Generated, PshiftError>> {
         let g = self.generator.as_ref()?;
         Some(generate(g, servers, seed, duration, self.period, self.start))
     }
@@ -157,11 +380,11 @@ impl PshiftSection {
     }
 }
 
-fn secs(field: &str, v: f64, min: f64, max: f64) -> Result<Nanos, String> {
-    if !(v.is_finite() && v >= min && v <= max) {
-        return Err(format!("pshift.{field} must be between {min} and {max}, got {}", Num(v)));
+fn secs(key: &'static str, got: f64, min: f64, max: f64) -> Result<Nanos, PshiftError> {
+    if !(got.is_finite() && got >= min && got <= max) {
+        return Err(PshiftError::Seconds { key, min, max, got });
     }
-    Ok(Nanos::from_secs_f64(v))
+    Ok(Nanos::from_secs_f64(got))
 }
 
 /// Validates `[pshift]`. `tenants` are the scenario's validated `[[tenants]]` (empty when generating);
@@ -173,10 +396,10 @@ pub fn validate(
     seed: u64,
     duration: Nanos,
     interval: Nanos,
-) -> Result<(PshiftSection, Vec<Tenant>), String> {
+) -> Result<(PshiftSection, Vec<Tenant>), PshiftError> {
     let period = secs("period_s", f.period_s, 0.001, 86_400.0)?;
     if f.intervals == 0 || f.intervals > 1000 {
-        return Err(format!("pshift.intervals must be in 1..=1000, got {}", f.intervals));
+        return Err(PshiftError::Intervals { got: f.intervals });
     }
     let tau = Nanos(period.0 / f.intervals as u64);
     let start = match f.start_s {
@@ -188,50 +411,46 @@ pub fn validate(
     #[allow(clippy::manual_is_multiple_of)]
     let tiles = |x: Nanos| x.0 % interval.0 == 0;
     if !tiles(period) || !tiles(start) || period.0 % f.intervals as u64 != 0 {
-        return Err(format!(
-            "pshift: period_s and start_s must be multiples of interval_s ({} s), and period_s / intervals a whole number of ns",
-            interval.as_secs_f64()
-        ));
+        return Err(PshiftError::Tiling { interval_s: interval.as_secs_f64() });
     }
     if start >= duration {
-        return Err("pshift.start_s must be before the end of the run".into());
+        return Err(PshiftError::StartAfterEnd);
     }
     // A run that closes no QoS period has nothing for the period checks and the table to count.
     if start.saturating_add(period) > duration {
-        return Err(format!(
-            "pshift.period_s ({} s) from its start ({} s) outlasts the run ({} s): no QoS period would close",
-            Num(period.as_secs_f64()),
-            Num(start.as_secs_f64()),
-            Num(duration.as_secs_f64())
-        ));
+        return Err(PshiftError::NoPeriodCloses {
+            period_s: period.as_secs_f64(),
+            start_s: start.as_secs_f64(),
+            duration_s: duration.as_secs_f64(),
+        });
     }
     // In milliseconds as written (the error said "between 0 and 10, got 10.001" for 10001 ms).
     if !(f.delay_ms.is_finite() && (0.0..=10_000.0).contains(&f.delay_ms)) {
-        return Err(format!("pshift.delay_ms must be between 0 and 10000 ms, got {}", Num(f.delay_ms)));
+        return Err(PshiftError::Delay { got: f.delay_ms });
     }
     let delay = Nanos::from_secs_f64(f.delay_ms / 1e3);
     let (estimator, backlog_idle_bp) =
         rein_model::pshift_settings::estimator("pshift.", f.estimator.as_deref(), f.backlog_idle_pct)
-            .map_err(|e| e.to_string())?;
+            .map_err(PshiftError::Estimator)?;
     let r_order =
-        rein_model::pshift_settings::r_order(f.r_order.as_deref(), f.r_floor_ios).map_err(|e| e.to_string())?;
+        rein_model::pshift_settings::r_order(f.r_order.as_deref(), f.r_floor_ios).map_err(PshiftError::ROrder)?;
     let arrivals = match f.arrivals.as_deref() {
         None | Some("uniform") => Arrivals::Uniform,
         Some("poisson") => Arrivals::Poisson,
-        Some(o) => return Err(format!("pshift.arrivals {o:?}: expected uniform or poisson")),
+        Some(o) => return Err(PshiftError::Arrivals { got: o.to_string() }),
     };
     let early_rounds = f.early_rounds.unwrap_or(EarlyRounds::DEFAULT_PER_INTERVAL);
     if early_rounds > 100 {
-        return Err(format!("pshift.early_rounds must be in 0..=100, got {early_rounds}"));
+        return Err(PshiftError::EarlyRounds { got: early_rounds });
     }
     for s in servers {
         if s.device.schedule.len() > 1 {
-            return Err(super::ServerError::new(&s.name, super::ServerFault::ScheduleInPshift).to_string());
+            return Err(PshiftError::Server(super::ServerError::new(&s.name, super::ServerFault::ScheduleInPshift)));
         }
     }
     let (tenants, buckets) = match (&f.generate, tenants.is_empty()) {
-        (Some(_), false) => return Err("pshift: give either [[tenants]] or [pshift.generate], not both".into()),
-        (None, true) => return Err("at least one [[tenants]] (or [pshift.generate]) is needed".into()),
+        (Some(_), false) => return Err(PshiftError::TenantsAndGenerate),
+        (None, true) => return Err(PshiftError::NoBuckets),
         (Some(g), true) => generate(g, servers, seed, duration, period, start)?,
         (None, false) => {
             let plans = tenants.iter().map(plan_of).collect::<Result<Vec<_>, _>>()?;
@@ -259,37 +478,32 @@ pub fn validate(
 }
 
 /// A written tenant's plan: its servers and routing shares, from time 0.
-fn plan_of(t: &Tenant) -> Result<BucketPlan, String> {
+fn plan_of(t: &Tenant) -> Result<BucketPlan, PshiftError> {
     let load = match &t.workload.kind {
         WorkloadKind::Open { iops } => BucketLoad::Open { iops: *iops },
-        WorkloadKind::Closed { outstanding, per_server: true, think } if *think == Nanos::ZERO => BucketLoad::Closed { per_server: *outstanding },
-        _ => {
-            return Err(format!(
-                "tenant {}: pshift buckets need an open workload or a closed one with outstanding_per_server (and no think time)",
-                t.name
-            ))
+        WorkloadKind::Closed { outstanding, per_server: true, think } if *think == Nanos::ZERO => {
+            BucketLoad::Closed { per_server: *outstanding }
         }
+        _ => return Err(PshiftError::BucketWorkload { tenant: t.name.clone() }),
     };
     if t.workload.start != Nanos::ZERO {
-        return Err(format!("tenant {}: pshift buckets start at 0 (start_s is not supported)", t.name));
+        return Err(PshiftError::BucketStart { tenant: t.name.clone() });
     }
     let shares: Vec<f64> = match &t.routing {
         Routing::Shares(v) => v.clone(),
         Routing::Stripe { .. } => vec![1.0; t.servers.len()],
-        Routing::Device(_) => {
-            return Err(format!("tenant {}: routing = \"device\" is for trace workloads, not pshift buckets", t.name))
-        }
+        Routing::Device(_) => return Err(PshiftError::BucketDeviceRouting { tenant: t.name.clone() }),
     };
     let sum: f64 = shares.iter().sum();
     let servers = t.servers.iter().zip(&shares).filter(|(_, &w)| w > 0.0).map(|(&j, &w)| (j, w / sum)).collect();
     Ok(BucketPlan { load, phases: vec![DemandPhase { at: Nanos::ZERO, servers }] })
 }
 
-fn positive(field: &str, v: f64) -> Result<f64, String> {
-    if v.is_finite() && v > 0.0 && v <= 1e12 {
-        Ok(v)
+fn positive(key: &'static str, got: f64) -> Result<f64, PshiftError> {
+    if got.is_finite() && got > 0.0 && got <= 1e12 {
+        Ok(got)
     } else {
-        Err(format!("pshift.generate.{field} must be a positive number, got {}", Num(v)))
+        Err(PshiftError::Positive { key, got })
     }
 }
 
@@ -301,36 +515,33 @@ fn generate(
     duration: Nanos,
     period: Nanos,
     start: Nanos,
-) -> Result<Generated, String> {
+) -> Result<Generated, PshiftError> {
     let ns = servers.len();
     if g.buckets == 0 || g.buckets > super::MAX_TENANTS {
-        return Err(format!("pshift.generate.buckets must be in 1..={}", super::MAX_TENANTS));
+        return Err(PshiftError::Buckets { max: super::MAX_TENANTS, got: g.buckets });
     }
     let (amin, amax) = match g.active_servers {
         ActiveFile::One(n) => (n, n),
         ActiveFile::Range([a, b]) => (a, b),
     };
     if amin == 0 || amin > amax || amax > ns {
-        return Err(format!("pshift.generate.active_servers must be within 1..={ns} (the server count), min <= max"));
+        return Err(PshiftError::ActiveServers { servers: ns, min: amin, max: amax });
     }
     if g.demand_changes > MAX_DEMAND_CHANGES {
-        return Err(format!("pshift.generate.demand_changes must be at most {MAX_DEMAND_CHANGES}"));
+        return Err(PshiftError::DemandChanges { max: MAX_DEMAND_CHANGES, got: g.demand_changes });
     }
     // What the generator holds: per bucket, per demand phase, one entry per active server.
     let entries = g.buckets as u64 * (u64::from(g.demand_changes) + 1) * amax as u64;
     if entries > MAX_GENERATED_DEMANDS {
-        return Err(format!(
-            "pshift.generate: buckets x (demand_changes + 1) x the most active servers is {entries}, above \
-             {MAX_GENERATED_DEMANDS} (the generated demands are held in memory): lower one of them"
-        ));
+        return Err(PshiftError::GeneratedDemands { entries, max: MAX_GENERATED_DEMANDS });
     }
     let zs = g.demand_zipf_s.unwrap_or(0.5);
     if !(zs.is_finite() && (0.0..=10.0).contains(&zs)) {
-        return Err("pshift.generate.demand_zipf_s must be in [0, 10]".into());
+        return Err(PshiftError::ZeroToTen { key: "demand_zipf_s", got: zs });
     }
     // The ordinary workload bounds: at least one byte, at most the largest request.
-    let size_bytes =
-        rein_model::workload::request_size_bytes("pshift.generate.size_kb", g.size_kb).map_err(|e| e.to_string())?;
+    let size_bytes = rein_model::workload::request_size_bytes("pshift.generate.size_kb", g.size_kb)
+        .map_err(PshiftError::Workload)?;
     let period_s = period.as_secs_f64();
     let mut rng = rein_model::seed::stream_rng(seed, 1 << 48);
     // Reservations in IOs per period (whole), then as rates.
@@ -339,49 +550,37 @@ fn generate(
         (None, r) => {
             let r = r.unwrap_or(1.0);
             if !(r.is_finite() && (0.0..=10.0).contains(&r)) {
-                return Err("pshift.generate.reserved_fraction must be in [0, 10]".into());
+                return Err(PshiftError::ZeroToTen { key: "reserved_fraction", got: r });
             }
             let s = g.reservation_zipf_s.unwrap_or(0.5);
             if !(s.is_finite() && (0.0..=10.0).contains(&s)) {
-                return Err("pshift.generate.reservation_zipf_s must be in [0, 10]".into());
+                return Err(PshiftError::ZeroToTen { key: "reservation_zipf_s", got: s });
             }
             let total: f64 = servers.iter().map(|s| s.device.capacity_iops).sum::<f64>() * period_s * r;
             zipf_reservations(&mut rng, g.buckets, s, total.floor() as u64)
         }
-        (Some(_), Some(_)) => {
-            return Err("pshift.generate: give reservation_iops or reserved_fraction, not both".into())
-        }
+        (Some(_), Some(_)) => return Err(PshiftError::ReservationTwice),
     };
-    let load_of = |r_iops: f64| -> Result<BucketLoad, String> {
+    let load_of = |r_iops: f64| -> Result<BucketLoad, PshiftError> {
         match (g.demand_ratio, g.outstanding_per_server) {
             (Some(m), None) => {
                 let iops = (positive("demand_ratio", m)? * r_iops).max(1e-3);
                 // The bound every open workload keeps to (a bucket offered 10^15 IOPS spun for ever).
                 let what =
                     format!("pshift.generate.demand_ratio {} x a reservation of {} IOPS offers", Num(m), Num(r_iops));
-                rein_model::workload::within_rate(&what, iops).map_err(|e| e.to_string())?;
+                rein_model::workload::within_rate(&what, iops).map_err(PshiftError::Workload)?;
                 Ok(BucketLoad::Open { iops })
             }
             (None, Some(k)) if (1..=MAX_OUTSTANDING).contains(&k) => Ok(BucketLoad::Closed { per_server: k }),
-            (None, Some(_)) => {
-                Err(format!("pshift.generate.outstanding_per_server must be in 1..={}", MAX_OUTSTANDING))
-            }
-            _ => {
-                Err("pshift.generate: give demand_ratio (open arrivals) or outstanding_per_server (closed loops)"
-                    .into())
-            }
+            (None, Some(got)) => Err(PshiftError::OutstandingPerServer { max: MAX_OUTSTANDING, got }),
+            _ => Err(PshiftError::NoLoad),
         }
     };
     // A limit below the one reservation every bucket has would be raised for all of them: a mistake, as
     // a tenant's limit below its reservation is (Zipf reservations raise only the buckets above it).
     if let (Some(l), Some(r)) = (g.limit_iops, g.reservation_iops) {
         if l < r {
-            return Err(format!(
-                "pshift.generate: limit_iops {} is below reservation_iops {}: every bucket's limit would be its \
-                 reservation",
-                Num(l),
-                Num(r)
-            ));
+            return Err(PshiftError::LimitBelowReservation { limit: l, reservation: r });
         }
     }
     let mut tenants = Vec::with_capacity(g.buckets);
@@ -398,20 +597,13 @@ fn generate(
             // may have (it read as `limit must be between 0.001 and ...` of "bucket 0", naming no cause).
             (None, Some(x)) if x >= 1.0 && x.is_finite() && r == 0 => {
                 let total: u64 = res_ios.iter().sum();
-                return Err(format!(
-                    "pshift.generate: bucket b{i}'s reservation comes to 0 IOs per period (the reservations split \
-                     {} a period over {} buckets), so limit_ratio {} gives it a limit of 0: fewer buckets, more \
-                     capacity_iops or reserved_fraction, or limit_iops in place of limit_ratio",
-                    rein_core::Count(usize::try_from(total).unwrap_or(usize::MAX), "IO"),
-                    g.buckets,
-                    Num(x)
-                ));
+                return Err(PshiftError::ZeroLimit { bucket: i, total, buckets: g.buckets, limit_ratio: x });
             }
             (None, Some(x)) if x >= 1.0 && x.is_finite() => Some(r_iops * x),
-            (None, Some(x)) => return Err(format!("pshift.generate.limit_ratio must be at least 1, got {x}")),
-            _ => return Err("pshift.generate: give limit_iops or limit_ratio, not both".into()),
+            (None, Some(x)) => return Err(PshiftError::LimitRatio { got: x }),
+            _ => return Err(PshiftError::LimitTwice),
         };
-        let spec = QosSpec::new(r_iops, limit, 1.0, 0).map_err(|e| format!("pshift.generate bucket b{i}: {e}"))?;
+        let spec = QosSpec::new(r_iops, limit, 1.0, 0).map_err(|error| PshiftError::BucketSpec { bucket: i, error })?;
         let load = load_of(r_iops)?;
         let mut times: Vec<u64> = (0..g.demand_changes).map(|_| start.0 + rng.gen_range(0..span)).collect();
         times.sort_unstable();
@@ -455,4 +647,59 @@ fn generate(
         plans.push(BucketPlan { load, phases });
     }
     Ok((tenants, plans))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ModelError, Scenario, ScenarioError, ServerFault};
+
+    const SMALL: &str = "name = \"small\"\nduration_s = 2.2\ninterval_s = 0.2\n[pshift]\nperiod_s = 1.0\n\
+                         intervals = 5\ndelay_ms = 0.2\n[pshift.generate]\nbuckets = 40\nreserved_fraction = 0.9\n\
+                         demand_ratio = 1.3\nactive_servers = [1, 3]\nlimit_ratio = 1.2\n[[servers]]\nname = \"s1\"\n\
+                         capacity_iops = 4000\n[[servers]]\nname = \"s2\"\ncapacity_iops = 4000\n[[servers]]\n\
+                         name = \"s3\"\ncapacity_iops = 4000\n";
+
+    /// The error of `SMALL` with `from` replaced by `to`.
+    fn refused(from: &str, to: &str) -> PshiftError {
+        assert!(SMALL.contains(from), "{from}");
+        match Scenario::from_toml(&SMALL.replacen(from, to, 1), None).unwrap_err() {
+            ScenarioError::Invalid { error: ModelError::Pshift(e), .. } => e,
+            e => panic!("not a [pshift] error: {e}"),
+        }
+    }
+
+    #[test]
+    fn errors_are_typed_with_the_key_value_and_bound() {
+        assert!(Scenario::from_toml(SMALL, None).is_ok());
+        let e = refused("intervals = 5", "intervals = 0");
+        assert!(matches!(e, PshiftError::Intervals { got: 0 }), "{e:?}");
+        let e = refused("period_s = 1.0", "period_s = 1e6");
+        assert!(matches!(e, PshiftError::Seconds { key: "period_s", min: 0.001, max: 86_400.0, got: 1e6 }), "{e:?}");
+        let e = refused("period_s = 1.0", "period_s = 1.1");
+        assert!(matches!(e, PshiftError::Tiling { interval_s } if interval_s == 0.2), "{e:?}");
+        let e = refused("period_s = 1.0", "period_s = 2.0");
+        assert!(
+            matches!(e, PshiftError::NoPeriodCloses { period_s, duration_s, .. } if period_s == 2.0 && duration_s == 2.2),
+            "{e:?}"
+        );
+        let e = refused("delay_ms = 0.2", "arrivals = \"bursty\"");
+        assert!(matches!(&e, PshiftError::Arrivals { got } if got == "bursty"), "{e:?}");
+        let e = refused("active_servers = [1, 3]", "active_servers = 4");
+        assert!(matches!(e, PshiftError::ActiveServers { servers: 3, min: 4, max: 4 }), "{e:?}");
+        let e = refused("limit_ratio = 1.2", "limit_ratio = 0.5");
+        assert!(matches!(e, PshiftError::LimitRatio { got: 0.5 }), "{e:?}");
+        let e = refused("demand_ratio = 1.3", "demand_ratio = -1");
+        assert!(matches!(e, PshiftError::Positive { key: "demand_ratio", got: -1.0 }), "{e:?}");
+        let e = refused("reserved_fraction = 0.9", "reserved_fraction = 11");
+        assert!(matches!(e, PshiftError::ZeroToTen { key: "reserved_fraction", got: 11.0 }), "{e:?}");
+        let e = refused(
+            "capacity_iops = 4000\n[[servers]]\nname = \"s2\"",
+            "capacity_iops = 4000\ncapacity_schedule = [{ at_s = 1, iops = 10 }]\n[[servers]]\nname = \"s2\"",
+        );
+        assert!(
+            matches!(&e, PshiftError::Server(s) if s.server == "s1" && matches!(s.fault, ServerFault::ScheduleInPshift)),
+            "{e:?}"
+        );
+    }
 }
