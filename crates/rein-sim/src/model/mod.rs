@@ -72,12 +72,10 @@ pub enum ModelError {
     /// `name` is empty.
     #[error("name must not be empty")]
     EmptyName,
-    /// Text the outputs carry (names, the scenario's `name`, a note) holds a control character.
-    #[error("{key} {text:?} has a control character (a line break, tab or escape)")]
+    /// `name` holds a control character (the outputs carry it).
+    #[error("name {text:?} has a control character (a line break, tab or escape)")]
     ControlCharacter {
-        /// What the text is (`name`, `tenant name`, `expect[2]: note`).
-        key: String,
-        /// The text.
+        /// The name.
         text: String,
     },
     /// `duration_s` is not in (0, max].
@@ -165,20 +163,9 @@ pub enum ModelError {
     /// A tenant is refused.
     #[error("{0}")]
     Tenant(TenantError),
-    /// A server, tenant or host without a name.
-    #[error("a {what} has an empty name")]
-    EmptyEntryName {
-        /// `server`, `tenant` or `host`.
-        what: &'static str,
-    },
-    /// Two servers, tenants or hosts of one name.
-    #[error("two {what}s are named {name:?}")]
-    RepeatedName {
-        /// `server`, `tenant` or `host`.
-        what: &'static str,
-        /// The name.
-        name: String,
-    },
+    /// The servers' or the tenants' names are refused.
+    #[error("{0}")]
+    Name(NameError),
     /// `[mclock]` settings other than `cost_model` in a `[pshift]` scenario.
     #[error(
         "[mclock]: a [pshift] scenario's servers run pShift's token scheduler, which takes only cost_model from it"
@@ -229,15 +216,42 @@ pub enum ModelError {
         /// [`MAX_NETWORK_IN_FLIGHT`].
         max: f64,
     },
-    /// `[parda]` or `[[hosts]]` is refused; the message names the field.
+    /// `[parda]` or `[[hosts]]` is refused (boxed: the largest of these errors).
     #[error("{0}")]
-    Parda(String),
+    Parda(Box<parda::HostsError>),
     /// `[pshift]` is refused.
     #[error("{0}")]
     Pshift(pshift::PshiftError),
     /// An `[[expect]]` is refused.
     #[error("{0}")]
     Expect(ExpectError),
+}
+
+/// What is wrong with the names of a scenario's servers, tenants or hosts.
+#[derive(Debug, thiserror::Error)]
+pub enum NameError {
+    /// A server, tenant or host without a name.
+    #[error("a {what} has an empty name")]
+    Empty {
+        /// `server`, `tenant` or `host`.
+        what: &'static str,
+    },
+    /// A name with a control character.
+    #[error("{what} name {name:?} has a control character (a line break, tab or escape)")]
+    ControlCharacter {
+        /// `server`, `tenant` or `host`.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// Two servers, tenants or hosts of one name.
+    #[error("two {what}s are named {name:?}")]
+    Repeated {
+        /// `server`, `tenant` or `host`.
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
 }
 
 /// A validated scenario.
@@ -379,24 +393,27 @@ fn secs(key: &'static str, got: f64) -> Result<Nanos, ModelError> {
 }
 
 /// A line break splits a row of the CSV outputs or forges a line of the report, an escape sequence
-/// rewrites the terminal's table: text the outputs carry (names, the scenario's `name`, an expectation's
-/// `note`) may hold none. `what` names the key in the error.
-pub(crate) fn no_control(what: &str, text: &str) -> Result<(), ModelError> {
+/// rewrites the terminal's table: text the outputs carry (the scenario's `name` here, the names in
+/// [`check_unique`], an expectation's `note` in [`expect`]) may hold none.
+fn no_control(text: &str) -> Result<(), ModelError> {
     if text.chars().any(char::is_control) {
-        return Err(ModelError::ControlCharacter { key: what.to_string(), text: text.to_string() });
+        return Err(ModelError::ControlCharacter { text: text.to_string() });
     }
     Ok(())
 }
 
-fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &'static str) -> Result<(), ModelError> {
+/// Names of servers, tenants or hosts (`what`): not empty, no control character, no two alike.
+pub(crate) fn check_unique<'a>(names: impl Iterator<Item = &'a str>, what: &'static str) -> Result<(), NameError> {
     let mut seen = std::collections::BTreeSet::new();
     for n in names {
         if n.trim().is_empty() {
-            return Err(ModelError::EmptyEntryName { what });
+            return Err(NameError::Empty { what });
         }
-        no_control(&format!("{what} name"), n)?;
+        if n.chars().any(char::is_control) {
+            return Err(NameError::ControlCharacter { what, name: n.to_string() });
+        }
         if !seen.insert(n) {
-            return Err(ModelError::RepeatedName { what, name: n.to_string() });
+            return Err(NameError::Repeated { what, name: n.to_string() });
         }
     }
     Ok(())
@@ -479,7 +496,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, ModelEr
         return Err(ModelError::EmptyName);
     }
     // The name heads the summary, the plots and summary.json's "name".
-    no_control("name", &file.name)?;
+    no_control(&file.name)?;
     // One message for every value out of range, zero and negative alike.
     let duration = secs("duration_s", file.duration_s)
         .ok()
@@ -535,7 +552,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, ModelEr
             return Err(ModelError::Server(ServerError::new(&s.name, fault)));
         }
     }
-    check_unique(servers.iter().map(|s| s.name.as_str()), "server")?;
+    check_unique(servers.iter().map(|s| s.name.as_str()), "server").map_err(ModelError::Name)?;
     // pShift's token scheduler takes only the cost model of the [mclock] settings: the rest would be
     // ignored.
     if file.pshift.is_some() {
@@ -573,11 +590,11 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, ModelEr
             Some(Arc::new(section))
         }
     };
-    check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant")?;
+    check_unique(tenants.iter().map(|t| t.name.as_str()), "tenant").map_err(ModelError::Name)?;
     check_size(tenants.iter().map(|t| t.servers.len()).sum(), tenants.len(), servers.len())?;
     let (parda, hosts) =
         parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers, duration)
-            .map_err(ModelError::Parda)?;
+            .map_err(|e| ModelError::Parda(Box::new(e)))?;
     // pShift's buckets do not cross the network (the cluster layer drives them).
     if file.pshift.is_none() {
         check_network(Nanos::from_secs_f64(net / 1e3), &tenants)?;
@@ -665,9 +682,9 @@ mod tests {
         assert!(matches!(e, ModelError::Seconds { key: "interval_s", max: MAX_DURATION_S, got: 1e9 }), "{e:?}");
         let two = "kind = \"closed\"\n[[tenants]]\nname = \"a\"\n[tenants.workload]\nkind = \"closed\"";
         let (_, e) = refused("kind = \"closed\"", two);
-        assert!(matches!(&e, ModelError::RepeatedName { what: "tenant", name } if name == "a"), "{e:?}");
+        assert!(matches!(&e, ModelError::Name(NameError::Repeated { what: "tenant", name }) if name == "a"), "{e:?}");
         let (_, e) = refused("name = \"t\"", "name = \"t\\n\"");
-        assert!(matches!(&e, ModelError::ControlCharacter { key, text } if key == "name" && text == "t\n"), "{e:?}");
+        assert!(matches!(&e, ModelError::ControlCharacter { text } if text == "t\n"), "{e:?}");
         let (_, e) = refused("capacity_iops = 100", "capacity_iops = 100\nscheduler = \"token\"");
         assert!(
             matches!(&e, ModelError::Server(ServerError { server, fault: ServerFault::TokenWithoutPshift }) if server == "s"),
