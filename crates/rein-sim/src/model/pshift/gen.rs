@@ -16,8 +16,69 @@
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use rand_pcg::Pcg64Mcg;
-use rein_core::pshift::{Instance, InstanceBuilder, MAX_BUCKETS, MAX_SERVERS, MAX_TOKENS};
+use rein_core::pshift::{Instance, InstanceBuilder, InstanceError, MAX_BUCKETS, MAX_SERVERS, MAX_TOKENS};
 use rein_core::Num;
+
+/// Parameters of a synthetic instance that are refused ([`GenParams::validate`]), or the instance
+/// rein-core refuses to build from them.
+#[derive(Debug, thiserror::Error)]
+pub enum GenError {
+    /// `servers` or `buckets` outside `1..=max`.
+    #[error("{what} must be in 1..={max}, got {got}")]
+    Count {
+        /// `servers` or `buckets`.
+        what: &'static str,
+        /// The largest accepted ([`MAX_SERVERS`], [`MAX_BUCKETS`]).
+        max: usize,
+        /// The value given.
+        got: usize,
+    },
+    /// The active servers per bucket outside `1..=servers`.
+    #[error("active servers must be in 1..={servers} (the server count), got {got}")]
+    ActiveServers {
+        /// The server count.
+        servers: usize,
+        /// The value given.
+        got: usize,
+    },
+    /// `capacity` above `max` tokens.
+    #[error("capacity must be at most {max}, got {got}")]
+    Capacity {
+        /// [`MAX_TOKENS`].
+        max: u64,
+        /// The value given.
+        got: u64,
+    },
+    /// A real parameter (a Zipf exponent, `r`, `m`) outside `[min, max]`.
+    #[error("{what} must be in [{min}, {max}], got {}", Num(*.got))]
+    Range {
+        /// Which parameter, as the message names it (`reservation Zipf s`, `demand ratio m`).
+        what: &'static str,
+        /// The smallest accepted.
+        min: f64,
+        /// The largest accepted.
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+    /// The limit ratio outside [1, 1000].
+    #[error("limit ratio must be in [1, 1000], got {got}")]
+    LimitRatio {
+        /// The value given.
+        got: f64,
+    },
+    /// Capacity x servers x r x m x the limit ratio above `max` tokens.
+    #[error("the totals ({total:.3e} tokens) exceed {max}: lower capacity, r, m or the limit ratio")]
+    Totals {
+        /// The totals, in tokens.
+        total: f64,
+        /// [`MAX_TOKENS`].
+        max: u64,
+    },
+    /// rein-core refuses the instance.
+    #[error("{0}")]
+    Instance(#[from] InstanceError),
+}
 
 /// Parameters of a synthetic instance (the paper's stress case is the default but for `buckets`).
 #[derive(Debug, Clone, PartialEq)]
@@ -66,35 +127,31 @@ impl Default for GenParams {
 
 impl GenParams {
     /// Checks every parameter; the message names the one that is out of range.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.servers == 0 || self.servers > MAX_SERVERS {
-            return Err(format!("servers must be in 1..={MAX_SERVERS}, got {}", self.servers));
-        }
-        if self.buckets == 0 || self.buckets > MAX_BUCKETS {
-            return Err(format!("buckets must be in 1..={MAX_BUCKETS}, got {}", self.buckets));
+    pub fn validate(&self) -> Result<(), GenError> {
+        for (what, got, max) in [("servers", self.servers, MAX_SERVERS), ("buckets", self.buckets, MAX_BUCKETS)] {
+            if got == 0 || got > max {
+                return Err(GenError::Count { what, max, got });
+            }
         }
         if self.active_servers == 0 || self.active_servers > self.servers {
-            return Err(format!(
-                "active servers must be in 1..={} (the server count), got {}",
-                self.servers, self.active_servers
-            ));
+            return Err(GenError::ActiveServers { servers: self.servers, got: self.active_servers });
         }
         if self.capacity > MAX_TOKENS {
-            return Err(format!("capacity must be at most {MAX_TOKENS}, got {}", self.capacity));
+            return Err(GenError::Capacity { max: MAX_TOKENS, got: self.capacity });
         }
-        for (name, v, lo, hi) in [
+        for (what, got, min, max) in [
             ("reservation Zipf s", self.reservation_zipf_s, 0.0, 10.0),
             ("demand Zipf s", self.demand_zipf_s, 0.0, 10.0),
             ("reserved fraction r", self.reserved_fraction, 0.0, 10.0),
             ("demand ratio m", self.demand_ratio, 0.0, 1000.0),
         ] {
-            if !(v.is_finite() && (lo..=hi).contains(&v)) {
-                return Err(format!("{name} must be in [{lo}, {hi}], got {}", Num(v)));
+            if !(got.is_finite() && (min..=max).contains(&got)) {
+                return Err(GenError::Range { what, min, max, got });
             }
         }
         if let Some(l) = self.limit_ratio {
             if !(l.is_finite() && (1.0..=1000.0).contains(&l)) {
-                return Err(format!("limit ratio must be in [1, 1000], got {l}"));
+                return Err(GenError::LimitRatio { got: l });
             }
         }
         let total = self.capacity as f64
@@ -103,9 +160,7 @@ impl GenParams {
             * self.demand_ratio.max(1.0)
             * self.limit_ratio.unwrap_or(1.0);
         if total > MAX_TOKENS as f64 {
-            return Err(format!(
-                "the totals ({total:.3e} tokens) exceed {MAX_TOKENS}: lower capacity, r, m or the limit ratio"
-            ));
+            return Err(GenError::Totals { total, max: MAX_TOKENS });
         }
         Ok(())
     }
@@ -158,12 +213,12 @@ pub fn zipf_reservations<R: Rng>(rng: &mut R, buckets: usize, s: f64, total: u64
 }
 
 /// Generates the instance (servers `s0..`, buckets `b0..`).
-pub fn generate(p: &GenParams) -> Result<Instance, String> {
+pub fn generate(p: &GenParams) -> Result<Instance, GenError> {
     p.validate()?;
     let mut rng = Pcg64Mcg::seed_from_u64(p.seed);
     let mut b = InstanceBuilder::new();
     for j in 0..p.servers {
-        b.add_named_server(format!("s{j}"), p.capacity).map_err(|e| e.to_string())?;
+        b.add_named_server(format!("s{j}"), p.capacity)?;
     }
     let total = (p.capacity as f64 * p.servers as f64 * p.reserved_fraction).floor() as u64;
     let res = zipf_reservations(&mut rng, p.buckets, p.reservation_zipf_s, total);
@@ -175,9 +230,9 @@ pub fn generate(p: &GenParams) -> Result<Instance, String> {
         demand.clear();
         demand.extend(servers.iter().copied().zip(split_whole(d_total, &shares)));
         let limit = p.limit_ratio.map(|x| ((r as f64 * x).round() as u64).max(r));
-        b.add_named_bucket(format!("b{i}"), r, limit, &demand).map_err(|e| e.to_string())?;
+        b.add_named_bucket(format!("b{i}"), r, limit, &demand)?;
     }
-    b.build().map_err(|e| e.to_string())
+    Ok(b.build()?)
 }
 
 #[cfg(test)]
@@ -214,9 +269,19 @@ mod tests {
     #[test]
     fn bad_parameters_are_named() {
         let e = |p: GenParams| generate(&p).unwrap_err();
-        assert!(e(GenParams { active_servers: 65, ..Default::default() }).contains("active servers"));
-        assert!(e(GenParams { servers: 0, ..Default::default() }).contains("servers"));
-        assert!(e(GenParams { demand_ratio: f64::NAN, ..Default::default() }).contains("demand ratio"));
-        assert!(e(GenParams { capacity: MAX_TOKENS, ..Default::default() }).contains("exceed"));
+        let active = e(GenParams { active_servers: 65, ..Default::default() });
+        assert!(matches!(active, GenError::ActiveServers { servers: 64, got: 65 }), "{active:?}");
+        assert_eq!(active.to_string(), "active servers must be in 1..=64 (the server count), got 65");
+        let servers = e(GenParams { servers: 0, ..Default::default() });
+        assert!(matches!(servers, GenError::Count { what: "servers", max: MAX_SERVERS, got: 0 }), "{servers:?}");
+        assert_eq!(servers.to_string(), format!("servers must be in 1..={MAX_SERVERS}, got 0"));
+        let m = e(GenParams { demand_ratio: f64::NAN, ..Default::default() });
+        assert!(
+            matches!(m, GenError::Range { what: "demand ratio m", min: 0.0, max: 1000.0, got } if got.is_nan()),
+            "{m:?}"
+        );
+        let totals = e(GenParams { capacity: MAX_TOKENS, ..Default::default() });
+        assert!(matches!(totals, GenError::Totals { max: MAX_TOKENS, .. }), "{totals:?}");
+        assert!(totals.to_string().contains("exceed"), "{totals}");
     }
 }
