@@ -15,7 +15,7 @@ use rein_core::Nanos;
 use rein_core::Num;
 use rein_core::SchedulerKind;
 
-pub use rein_model::parda_settings::{Aggregation, Parda};
+pub use rein_model::parda_settings::{Aggregation, Parda, PardaSettingsError};
 
 /// Largest number of hosts in a scenario.
 pub const MAX_HOSTS: usize = rein_core::parda::MAX_HOSTS as usize;
@@ -46,9 +46,9 @@ pub enum HostsError {
          PARDA)"
     )]
     HostsWithoutParda,
-    /// A `[parda]` setting is refused (its error names the key).
+    /// A `[parda]` setting is refused.
     #[error("{0}")]
-    Parda(rein_model::parda_settings::PardaSettingsError),
+    Parda(PardaSettingsError),
     /// PARDA's control period is longer than the run.
     #[error(
         "parda: period_s ({} s) is longer than the run ({} s): no host would end a control period",
@@ -420,6 +420,15 @@ mod tests {
         assert!(matches!(&e, HostsError::Name(NameError::Repeated { what: "host", name }) if name == "h1"), "{e:?}");
         let e = refused("name = \"h2\"", "name = \"all\"");
         assert!(matches!(e, HostsError::NamedAll), "{e:?}");
+        let e = refused("latency_threshold_ms = 30", "latency_threshold_ms = 30\nperiod_s = 5000");
+        assert!(
+            matches!(
+                e,
+                HostsError::Parda(PardaSettingsError::Range { key: "period_s", min: 0.001, max: 3600.0, got: 5000.0 })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "parda: period_s must be between 0.001 and 3600, got 5000");
         let e = refused("latency_threshold_ms = 30", "latency_threshold_ms = 30\nperiod_s = 200");
         assert!(matches!(e, HostsError::PeriodAfterEnd { period_s: 200.0, duration_s: 150.0 }), "{e:?}");
         let e = refused("host = \"h1\"", "host = \"h1\"\nrouting = \"stripe\"");
