@@ -99,27 +99,54 @@ impl Default for ArrayParams {
     }
 }
 
+/// An array layout that is refused ([`ArrayParams::validate`]): the field, the value and the bound.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ArrayError {
+    /// `raid` is neither 0 nor 5.
+    #[error("raid must be 0 or 5, got {got}")]
+    Raid {
+        /// The level given.
+        got: u32,
+    },
+    /// `disks` outside `min..=max` (RAID-5 needs three).
+    #[error("disks must be in {min}..={max}{}, got {got}", if *.raid == Raid::Five { " for RAID-5" } else { "" })]
+    Disks {
+        /// The RAID level.
+        raid: Raid,
+        /// The fewest disks the level takes.
+        min: u32,
+        /// [`MAX_DISKS`].
+        max: u32,
+        /// The value given.
+        got: u32,
+    },
+    /// `stripe_kb` is not a whole number of KiB in `min..=max`.
+    #[error("stripe_kb must be a whole number of KiB in {min}..={max}, got {got}")]
+    StripeKb {
+        /// [`MIN_STRIPE_KB`].
+        min: f64,
+        /// [`MAX_STRIPE_KB`].
+        max: f64,
+        /// The value given.
+        got: f64,
+    },
+}
+
 impl ArrayParams {
     /// Validates the layout; the error names the field (the device's `array: ...` error wraps it).
-    pub fn validate(&self) -> Result<ArraySpec, String> {
+    pub fn validate(&self) -> Result<ArraySpec, ArrayError> {
         let raid = match self.raid {
             0 => Raid::Zero,
             5 => Raid::Five,
-            other => return Err(format!("raid must be 0 or 5, got {other}")),
+            got => return Err(ArrayError::Raid { got }),
         };
         let min = if raid == Raid::Five { 3 } else { 1 };
         if !(min..=MAX_DISKS).contains(&self.disks) {
-            return Err(format!(
-                "disks must be in {min}..={MAX_DISKS}{}, got {}",
-                if raid == Raid::Five { " for RAID-5" } else { "" },
-                self.disks
-            ));
+            return Err(ArrayError::Disks { raid, min, max: MAX_DISKS, got: self.disks });
         }
         let kb = self.stripe_kb;
         if !(kb.is_finite() && kb.fract() == 0.0 && (MIN_STRIPE_KB..=MAX_STRIPE_KB).contains(&kb)) {
-            return Err(format!(
-                "stripe_kb must be a whole number of KiB in {MIN_STRIPE_KB}..={MAX_STRIPE_KB}, got {kb}"
-            ));
+            return Err(ArrayError::StripeKb { min: MIN_STRIPE_KB, max: MAX_STRIPE_KB, got: kb });
         }
         Ok(ArraySpec { disks: self.disks, stripe_bytes: kb as u64 * 1024, raid })
     }
@@ -591,7 +618,17 @@ mod tests {
 
     #[test]
     fn bad_layouts_name_the_field() {
-        let e = |p: ArrayParams| p.validate().unwrap_err().to_string();
+        let typed = |p: ArrayParams| p.validate().unwrap_err();
+        assert_eq!(typed(ArrayParams { raid: 6, ..Default::default() }), ArrayError::Raid { got: 6 });
+        assert_eq!(
+            typed(ArrayParams { disks: 2, raid: 5, ..Default::default() }),
+            ArrayError::Disks { raid: Raid::Five, min: 3, max: MAX_DISKS, got: 2 }
+        );
+        assert_eq!(
+            typed(ArrayParams { stripe_kb: 6.5, ..Default::default() }),
+            ArrayError::StripeKb { min: MIN_STRIPE_KB, max: MAX_STRIPE_KB, got: 6.5 }
+        );
+        let e = |p: ArrayParams| typed(p).to_string();
         assert!(e(ArrayParams { raid: 6, ..Default::default() }).contains("raid must be 0 or 5, got 6"));
         assert!(e(ArrayParams { disks: 0, ..Default::default() }).contains("disks must be in 1..=1024"));
         assert!(e(ArrayParams { disks: 2, raid: 5, ..Default::default() }).contains("for RAID-5"));

@@ -218,9 +218,15 @@ pub enum DeviceError {
     /// An unknown discipline.
     #[error("discipline {0:?}: expected fifo, ps or array")]
     Discipline(String),
-    /// A bad `array` table, or one without `discipline = "array"`.
+    /// A bad `array` table.
     #[error("array: {0}")]
-    Array(String),
+    Array(crate::array::ArrayError),
+    /// An `array` table without `discipline = "array"`.
+    #[error("array: given with discipline = {discipline:?}; an array needs discipline = \"array\"")]
+    ArrayWithoutDiscipline {
+        /// The discipline given (its name).
+        discipline: &'static str,
+    },
 }
 
 /// Largest seek or rotation time a disk model takes (ms): a minute, far beyond any disk, and small
@@ -323,10 +329,7 @@ impl DeviceParams<'_> {
             Some(o) => return Err(DeviceError::Discipline(o.to_string())),
         };
         if self.array.is_some() && !matches!(discipline, Discipline::Array(_)) {
-            return Err(DeviceError::Array(format!(
-                "given with discipline = {:?}; an array needs discipline = \"array\"",
-                discipline.name()
-            )));
+            return Err(DeviceError::ArrayWithoutDiscipline { discipline: discipline.name() });
         }
         Ok(DeviceSpec { capacity_iops, service, ns_per_byte, discipline, schedule })
     }
@@ -778,13 +781,16 @@ mod tests {
         let e = DeviceParams { discipline: Some("lifo"), ..p("exponential") }.validate().unwrap_err();
         assert!(e.to_string().contains("lifo"));
         let e = DeviceParams { array: Some(ArrayParams::default()), ..p("exponential") }.validate().unwrap_err();
+        assert_eq!(e, DeviceError::ArrayWithoutDiscipline { discipline: "fifo" });
         assert_eq!(e.to_string(), "array: given with discipline = \"fifo\"; an array needs discipline = \"array\"");
         let e = DeviceParams {
             discipline: Some("array"),
             array: Some(ArrayParams { raid: 1, ..Default::default() }),
             ..p("exponential")
         };
-        assert_eq!(e.validate().unwrap_err().to_string(), "array: raid must be 0 or 5, got 1");
+        let e = e.validate().unwrap_err();
+        assert_eq!(e, DeviceError::Array(crate::array::ArrayError::Raid { got: 1 }));
+        assert_eq!(e.to_string(), "array: raid must be 0 or 5, got 1");
         let a = DeviceParams { discipline: Some("array"), ..p("exponential") }.validate().unwrap();
         assert_eq!(a.discipline, Discipline::Array(ArraySpec { disks: 10, stripe_bytes: 64 << 10, raid: Raid::Zero }));
         let s = DeviceParams {
