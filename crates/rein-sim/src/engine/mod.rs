@@ -70,12 +70,59 @@ pub struct Recording {
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// The scenario cannot be set up (a bound of the recorder or a scheduler): the scenario as errors
-    /// name it ([`Scenario::label`]), and what is wrong.
+    /// name it ([`Scenario::label`]), and what is wrong (boxed: rein-core's errors are large).
     #[error("scenario {0}: {1}")]
-    Setup(String, String),
+    Setup(String, Box<SetupError>),
     /// The runs of a scenario's parts do not fit together ([`crate::run_in_parts`]).
     #[error("joining the parts' runs: {0}")]
     Join(#[from] rein_model::report::JoinError),
+}
+
+/// What keeps a validated scenario from being set up: a bound of the recorder, a scheduler, a PARDA host
+/// or the pShift controller, each error as its crate made it.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// More tenant-server pairs than a 32-bit link index holds.
+    #[error("more than 2^32 tenant-server pairs")]
+    TooManyLinks,
+    /// A server's scheduler refuses a tenant.
+    #[error("tenant {tenant}: {error}")]
+    AddTenant {
+        /// The tenant.
+        tenant: String,
+        /// The scheduler's error.
+        error: rein_core::SchedError,
+    },
+    /// The timeseries would exceed the recorder's bound.
+    #[error("{0}")]
+    Recorder(rein_model::recorder::TooManyCells),
+    /// The hosts' timeseries would exceed the recorder's bound.
+    #[error("hosts x intervals exceeds the timeseries bound: raise interval_s")]
+    HostSeries,
+    /// rein-core refuses a PARDA host.
+    #[error("host {host}: {error}")]
+    Host {
+        /// The host.
+        host: String,
+        /// rein-core's error.
+        error: rein_core::parda::PardaError,
+    },
+    /// A PARDA host's scheduler refuses a VM.
+    #[error("host {host}: VM {vm}: {error}")]
+    Vm {
+        /// The host.
+        host: String,
+        /// The VM (tenant).
+        vm: String,
+        /// rein-core's error.
+        error: rein_core::parda::PardaError,
+    },
+    /// rein-core refuses the hosts' aggregation timeout.
+    #[error("{0}")]
+    Aggregator(rein_core::parda::PardaError),
+    /// rein-core refuses the pShift controller's configuration.
+    #[error("{0}")]
+    Controller(rein_core::pshift::ControllerError),
 }
 
 /// A request in flight: one cache line, aligned, so reaching a request costs one miss at most.
@@ -151,7 +198,7 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<Recording, 
 
 impl<'a> Sim<'a> {
     fn new(sc: &'a Scenario) -> Result<Sim<'a>, SimError> {
-        let err = |m: String| SimError::Setup(sc.label(), m);
+        let err = |e: SetupError| SimError::Setup(sc.label(), Box::new(e));
         // Every server's scheduler holds up to the scenario's tenant (or bucket) count.
         let limits = Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() };
         let mut servers = Vec::with_capacity(sc.servers.len());
@@ -180,14 +227,13 @@ impl<'a> Sim<'a> {
         if sc.pshift.is_none() {
             tenants.reserve_exact(sc.tenants.len());
             for t in &sc.tenants {
-                let first_link =
-                    u32::try_from(links.len()).map_err(|_| err("more than 2^32 tenant-server pairs".into()))?;
+                let first_link = u32::try_from(links.len()).map_err(|_| err(SetupError::TooManyLinks))?;
                 for (k, &si) in t.servers.iter().enumerate() {
                     let id = servers[si]
                         .sched
                         .get()
                         .add_tenant(t.server_specs[k])
-                        .map_err(|e| err(format!("tenant {}: {e}", t.name)))?;
+                        .map_err(|error| err(SetupError::AddTenant { tenant: t.name.clone(), error }))?;
                     links.push(Link { id, server: si as u32, in_flight: 0 });
                 }
                 let distributed = t.servers.iter().any(|&s| sc.servers[s].distributed) && t.servers.len() > 1;
@@ -201,7 +247,7 @@ impl<'a> Sim<'a> {
             }
         }
         let rec = Recorder::new(sc.tenants.len(), sc.servers.len(), sc.duration, sc.interval, sc.warmup)
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(SetupError::Recorder(e)))?;
         let hosts = HostLayer::new(sc).map_err(err)?;
         let cluster = match &sc.pshift {
             Some(ps) => Some(Cluster::new(sc, ps).map_err(err)?),
@@ -708,5 +754,25 @@ mod tests {
         assert_eq!(align_of::<super::TenantState>(), 128);
         assert!(offset_of!(super::TenantState, tracker) + 8 <= 64, "the gateway fits line 0");
         assert_eq!(offset_of!(super::TenantState, gen), 64, "the generator's hot line is line 1");
+    }
+
+    /// A scenario the model accepts whose timeseries the recorder refuses: the error is typed, and names
+    /// the scenario once.
+    #[test]
+    fn a_setup_error_is_typed() {
+        use super::{SetupError, SimError};
+        let mut text = String::from(
+            "name = \"big\"\nduration_s = 1000\ninterval_s = 0.001\n[[servers]]\nname = \"s\"\ncapacity_iops = 100\n",
+        );
+        for i in 0..100 {
+            text.push_str(&format!("[[tenants]]\nname = \"t{i}\"\n[tenants.workload]\nkind = \"closed\"\n"));
+        }
+        let sc = crate::Scenario::from_toml(&text, None).unwrap();
+        let e = super::run(&sc, &mut |_| {}).err().expect("refused");
+        let SimError::Setup(scenario, setup) = &e else { panic!("not a setup error: {e}") };
+        assert_eq!(scenario, "\"big\"");
+        let SetupError::Recorder(cells) = &**setup else { panic!("not the recorder's bound: {e}") };
+        assert_eq!((cells.tenants, cells.servers, cells.intervals), (100, 1, 1_000_000));
+        assert!(e.to_string().starts_with("scenario \"big\": "), "{e}");
     }
 }

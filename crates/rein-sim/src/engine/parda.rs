@@ -36,6 +36,7 @@
 //! to completion, the device latency PARDA sees; the tenants' own latencies also include the time queued
 //! at the host), and at each period's end the window, beta, signal and own estimate.
 
+use super::SetupError;
 use crate::model::parda::Aggregation;
 use crate::model::Scenario;
 use rein_core::parda::{Aggregator, HostConfig, HostController, HostReport};
@@ -67,11 +68,10 @@ pub(crate) struct HostLayer {
 }
 
 impl HostLayer {
-    pub(crate) fn new(sc: &Scenario) -> Result<Option<HostLayer>, String> {
+    pub(crate) fn new(sc: &Scenario) -> Result<Option<HostLayer>, SetupError> {
         let Some(p) = &sc.parda else { return Ok(None) };
         let intervals = sc.duration.0.div_ceil(sc.interval.0) as usize;
-        let rec = HostRecorder::new(sc.hosts.len(), sc.interval, intervals, MAX_CELLS)
-            .ok_or("hosts x intervals exceeds the timeseries bound: raise interval_s")?;
+        let rec = HostRecorder::new(sc.hosts.len(), sc.interval, intervals, MAX_CELLS).ok_or(SetupError::HostSeries)?;
         let mut layer = HostLayer {
             aggregation: p.aggregation,
             delay: p.delay,
@@ -93,18 +93,20 @@ impl HostLayer {
                 sched,
                 fixed_window: if runs { None } else { Some(h.window.unwrap_or(p.config.w_max)) },
             };
-            let mut ctl =
-                HostController::new(p.config, hc, Nanos::ZERO).map_err(|e| format!("host {}: {e}", h.name))?;
+            let mut ctl = HostController::new(p.config, hc, Nanos::ZERO)
+                .map_err(|error| SetupError::Host { host: h.name.clone(), error })?;
             ctl.set_period_end(Nanos::ZERO, p.first_period_end(sc.seed(), i, sc.hosts.len()))
                 .expect("the first period ends within two periods");
             for &t in &h.vms {
-                let id = ctl
-                    .add_vm(sc.tenants[t].spec)
-                    .map_err(|e| format!("host {}: VM {}: {e}", h.name, sc.tenants[t].name))?;
+                let id = ctl.add_vm(sc.tenants[t].spec).map_err(|error| SetupError::Vm {
+                    host: h.name.clone(),
+                    vm: sc.tenants[t].name.clone(),
+                    error,
+                })?;
                 layer.vm[t] = Some((i as u32, id));
                 layer.scale[t] = h.service_scale;
             }
-            let agg = Aggregator::new(p.timeout).map_err(|e| e.to_string())?;
+            let agg = Aggregator::new(p.timeout).map_err(SetupError::Aggregator)?;
             layer.hosts.push(HostRt { ctl, agg, parda: runs, wake_at: None });
             layer.record(i, Nanos::ZERO, None);
         }

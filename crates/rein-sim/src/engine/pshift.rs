@@ -30,7 +30,7 @@
 //! stream (at 80,000 streams the global heap's cache misses dominated).
 
 use super::events::Kind;
-use super::Sim;
+use super::{SetupError, Sim};
 use crate::model::pshift::{Arrivals, BucketLoad, BucketPlan, PshiftSection};
 use crate::model::Scenario;
 use rand::Rng;
@@ -101,7 +101,7 @@ impl<'a> Cluster<'a> {
         Some((c.periods(), c.buckets(), std::mem::take(&mut self.closed)))
     }
 
-    pub(super) fn new(sc: &Scenario, ps: &'a PshiftSection) -> Result<Cluster<'a>, String> {
+    pub(super) fn new(sc: &Scenario, ps: &'a PshiftSection) -> Result<Cluster<'a>, SetupError> {
         let buckets = ps
             .buckets
             .iter()
@@ -120,7 +120,7 @@ impl<'a> Cluster<'a> {
         let controller = if ps.controller {
             let qos = sc.tenants.iter().map(|t| ps.bucket_qos(t)).collect();
             let caps: Vec<f64> = sc.servers.iter().map(|s| s.device.capacity_iops).collect();
-            Some(Controller::new(ps.controller_config(), &caps, qos).map_err(|e| e.to_string())?)
+            Some(Controller::new(ps.controller_config(), &caps, qos).map_err(SetupError::Controller)?)
         } else {
             None
         };
