@@ -168,7 +168,7 @@ impl GenParams {
 
 /// Splits `total` into whole parts proportional to `weights` (largest remainder; ties to the lower
 /// index). The parts sum to `total` exactly. `weights` must be finite, non-negative, not all zero.
-pub fn split_whole(total: u64, weights: &[f64]) -> Vec<u64> {
+pub(crate) fn split_whole(total: u64, weights: &[f64]) -> Vec<u64> {
     let max = weights.iter().cloned().fold(0.0, f64::max);
     assert!(max > 0.0 && max.is_finite(), "split_whole needs a positive weight");
     // Integer weights (2^40 for the largest) so the rest is exact integer arithmetic.
@@ -185,7 +185,7 @@ pub fn split_whole(total: u64, weights: &[f64]) -> Vec<u64> {
 }
 
 /// `k` distinct servers out of `n`, uniformly (partial Fisher-Yates), in draw order.
-pub fn pick_servers<R: Rng>(rng: &mut R, n: usize, k: usize) -> Vec<usize> {
+pub(crate) fn pick_servers<R: Rng>(rng: &mut R, n: usize, k: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
     for i in 0..k.min(n) {
         let j = rng.gen_range(i..n);
@@ -196,13 +196,13 @@ pub fn pick_servers<R: Rng>(rng: &mut R, n: usize, k: usize) -> Vec<usize> {
 }
 
 /// Zipf weights 1/k^s for k = 1..=n (the demand split over active servers in draw order).
-pub fn zipf_weights(n: usize, s: f64) -> Vec<f64> {
+pub(crate) fn zipf_weights(n: usize, s: f64) -> Vec<f64> {
     (1..=n).map(|k| 1.0 / (k as f64).powf(s)).collect()
 }
 
 /// Reservations of `buckets` buckets summing to `total`, Zipf-distributed with exponent `s` (module
 /// comment).
-pub fn zipf_reservations<R: Rng>(rng: &mut R, buckets: usize, s: f64, total: u64) -> Vec<u64> {
+pub(crate) fn zipf_reservations<R: Rng>(rng: &mut R, buckets: usize, s: f64, total: u64) -> Vec<u64> {
     let weights: Vec<f64> = if s == 0.0 {
         vec![1.0; buckets]
     } else {
