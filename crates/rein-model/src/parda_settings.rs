@@ -224,15 +224,6 @@ fn within(v: f64, lo: f64, hi: f64) -> bool {
     v.is_finite() && v >= lo && v <= hi
 }
 
-/// `v` if it is finite and in `[lo, hi]`, else an error naming `what` and the range.
-pub fn in_range(what: &str, v: f64, lo: f64, hi: f64) -> Result<f64, String> {
-    if within(v, lo, hi) {
-        Ok(v)
-    } else {
-        Err(format!("{what} must be between {lo} and {hi}, got {}", Num(v)))
-    }
-}
-
 /// The largest `batch`.
 pub const MAX_BATCH: u32 = 1024;
 
