@@ -452,10 +452,10 @@ impl Tenant {
         self.front().into_iter().chain(self.rest.iter())
     }
 
-    /// Sets the lead bound's time term for `weight_lead_ios` = `cap` (invariant 8).
+    /// Sets the lead bound's time term for `weight_lead_ios` = `cap` (invariant 8), from the spec's
+    /// reservation and the P step [`Tenant::apply_spec`] set.
     fn apply_lead(&mut self, cap: Option<u32>) {
-        self.resv_lead =
-            cap.map_or(0, |cap| times_u32(reservation_lead(self.spec.reservation(), self.spec.weight()), cap));
+        self.resv_lead = cap.map_or(0, |cap| times_u32(reservation_lead(self.spec.reservation(), self.p_step), cap));
     }
 
     fn apply_spec(&mut self, spec: QosSpec) {
@@ -546,14 +546,14 @@ impl Tenant {
 pub(crate) const RESERVATION_LEAD_PER_IO: Nanos = Nanos::from_millis(4);
 
 /// The P-tag advance of [`RESERVATION_LEAD_PER_IO`] of service at `reservation` (cost units per second)
-/// for a tenant of `weight`: `reservation * T / weight` cost units at one P step each, in tag units
-/// (saturating; 0 without a reservation).
-fn reservation_lead(reservation: f64, weight: f64) -> u128 {
+/// for a tenant whose P step (per cost unit) is `p_step`: `reservation * T` cost units at one step each,
+/// in tag units (saturating; 0 without a reservation).
+fn reservation_lead(reservation: f64, p_step: u128) -> u128 {
     if reservation <= 0.0 {
         return 0;
     }
     let units = reservation * RESERVATION_LEAD_PER_IO.as_secs_f64();
-    let tags = units * step_for_rate(weight) as f64;
+    let tags = units * p_step as f64;
     if tags >= u128::MAX as f64 {
         u128::MAX
     } else {
