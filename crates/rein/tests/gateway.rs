@@ -1268,6 +1268,17 @@ fn a_reload_turns_tls_on_for_a_node_link_and_open_connections_carry_on() {
     assert_eq!(renewed, 1, "one session, renewed once: the refused reloads renewed none: {log:#?}");
 }
 
+/// gw.toml at 127.0.0.182 with one node s1 at `node` spoken to in `protocol`, tenant c2 (its table ending
+/// with `tenant_keys`) and its 16 MiB volume v, written in `dir`.
+fn one_node_gw(dir: &Path, node: SocketAddr, protocol: &str, tenant_keys: &str) -> PathBuf {
+    let text = format!(
+        "{}\n{TIMES}[[nodes]]\nname = \"s1\"\naddress = \"{node}\"\nprotocol = \"{protocol}\"\n[[tenants]]\nname = \"c2\"\n\
+         {tenant_keys}[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
+        local(182)
+    );
+    write_file(dir, "gw.toml", &text)
+}
+
 /// A reload that turns a node's link to the storage-node protocol at a node that refuses it (a `rein
 /// serve` without `[node] enabled`) is refused, naming the node, before any session moves: the link
 /// speaks plain NBD on and a connection opened before writes on. Before, the reload was applied and
@@ -1278,15 +1289,7 @@ fn a_reload_to_a_protocol_the_node_refuses_is_refused() {
     let tmp = tmpdir("gw-protocol-refused");
     let dir = tmp.path();
     let s1 = node(dir, 185, 0);
-    let config = |protocol: &str| {
-        let text = format!(
-            "{}\n{TIMES}[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"{protocol}\"\n[[tenants]]\nname = \"c2\"\n\
-             [[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
-            local(182),
-            s1.nbd
-        );
-        write_file(dir, "gw.toml", &text)
-    };
+    let config = |protocol: &str| one_node_gw(dir, s1.nbd, protocol, "");
     let gw = gateway(&config("nbd"));
     let mut c = Raw::connect(gw.nbd, "v");
     assert_eq!(write_at(&mut c, 1, 0, 0xc1), 0);
@@ -1323,15 +1326,7 @@ fn a_reload_switches_a_nodes_protocol_live() {
     let tmp = tmpdir("gw-protocol");
     let dir = tmp.path();
     let s1 = storage_node(dir, 185);
-    let config = |protocol: &str| {
-        let text = format!(
-            "{}\n{TIMES}[[nodes]]\nname = \"s1\"\naddress = \"{}\"\nprotocol = \"{protocol}\"\n[[tenants]]\nname = \"c2\"\n\
-             reservation = 100\n[[exports]]\nname = \"v\"\ntenant = \"c2\"\nsize_mb = 16\n",
-            local(182),
-            s1.nbd
-        );
-        write_file(dir, "gw.toml", &text)
-    };
+    let config = |protocol: &str| one_node_gw(dir, s1.nbd, protocol, "reservation = 100\n");
     let gw = gateway(&config("nbd"));
     let mut c = Raw::connect(gw.nbd, "v");
     assert_eq!(write_at(&mut c, 1, 0, 0xb1), 0);
