@@ -68,8 +68,9 @@
 //!   tracker keeps its account (the same node boot);
 //! - a volume added: opened (its node connections, `OPEN_AT_ONCE` (64) volumes together as at start; the
 //!   reload runs beside the accept loop, which goes on serving new clients, and a SIGHUP meanwhile waits
-//!   for it); one that cannot be opened (a node answers wrongly) fails the reload, which then changes
-//!   nothing;
+//!   for it); one that cannot be opened (a node answers wrongly) fails the reload as soon as that node
+//!   answers (the opens still waiting for silent nodes dropped, [`RemoteVolume::open`]), which then
+//!   changes nothing;
 //! - a volume removed: gone from the list for new connections; connections that opened it keep it until
 //!   they close;
 //! - a volume added on a node export that a running volume holds with another layout (one kept as it
@@ -1568,8 +1569,9 @@ async fn open_remote(
 const OPEN_AT_ONCE: usize = 64;
 
 /// Opens the node connections of `volumes` ([`OPEN_AT_ONCE`] at a time), each with its tenant id and QoS
-/// state; the result is in `volumes`' order. The first error ends it (what was opened is dropped: its
-/// connections close).
+/// state; the result is in `volumes`' order. The first error to come ends it at once, whatever the opens
+/// before it in that order still wait for (a volume on a silent node waits its `connect_timeout`): the
+/// opens under way are dropped, and what was opened too (its connections close).
 async fn open_remotes<'a>(
     nodes: &[NodeSpec],
     link: LinkConfig,
@@ -1580,9 +1582,14 @@ async fn open_remotes<'a>(
     // the reload's boxed future).
     let opens: Vec<_> = volumes
         .into_iter()
-        .map(|(v, id, qos)| async move { open_remote(nodes, link, v, qos).await.map(|vol| (v, id, vol)) })
+        .enumerate()
+        .map(|(i, (v, id, qos))| async move { open_remote(nodes, link, v, qos).await.map(|vol| (i, (v, id, vol))) })
         .collect();
-    futures_util::stream::iter(opens).buffered(OPEN_AT_ONCE).try_collect().await
+    // Taken as they complete (`buffered` yields them in order: an error waited for every open before it,
+    // one on a silent node its `connect_timeout`), then put back in order.
+    let mut opened: Vec<_> = futures_util::stream::iter(opens).buffer_unordered(OPEN_AT_ONCE).try_collect().await?;
+    opened.sort_unstable_by_key(|(i, _)| *i);
+    Ok(opened.into_iter().map(|(_, o)| o).collect())
 }
 
 /// How a reload's `[[nodes]]` land on the places the gateway runs its nodes in (module comment,

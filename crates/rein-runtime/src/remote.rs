@@ -829,9 +829,12 @@ impl RemoteVolume {
     /// Opens `volume` (of `size` bytes, laid out by `stripe` over `nodes`, export `exports[j]` on node
     /// `j`): connects every pooled connection once (within `connect_timeout`; the nodes at once, each
     /// node's pool one after another), checks each node's export is large enough, then hands the
-    /// connections to their tasks. Errors name the node (the first in the layout's order). A node that
-    /// cannot be reached is no error: it is logged, its pieces fail with EIO, and its connections keep
-    /// trying (with the reconnect backoff) until it is up; a node that answers wrongly is.
+    /// connections to their tasks. A node that cannot be reached is no error: it is logged, its pieces
+    /// fail with EIO, and its connections keep trying (with the reconnect backoff) until it is up; a node
+    /// that answers wrongly (refuses the export or the protocol, or its export is too small) is, and fails
+    /// the open as soon as it answers so: the connections still waiting for other nodes (a silent one
+    /// would hold the open for its whole `connect_timeout`) are dropped then, and those made are closed.
+    /// The error names that node: the first to refuse (in time, not in the layout's order).
     pub async fn open(
         volume: &str,
         size: u64,
@@ -877,8 +880,9 @@ impl RemoteVolume {
         }
         // Every node's connections at once (a node's pool one after another): nodes that are down or silent
         // cost the open one `connect_timeout` together, not one each. A node that answers wrongly fails the
-        // open, the first such in the layout's order named.
-        let starts = futures_util::future::join_all(targets.iter().map(|target| async move {
+        // open as soon as it does, named: the other nodes' connects are dropped unfinished (a silent node's
+        // socket closed), not waited for.
+        let starts = futures_util::future::try_join_all(targets.iter().map(|target| async move {
             let Some(target) = target else { return Ok(Vec::new()) };
             let mut starts = Vec::with_capacity(cfg.connections);
             // Why the node could not be reached, once it could not: the pool's other connections start down
@@ -902,9 +906,9 @@ impl RemoteVolume {
             }
             Ok(starts)
         }))
-        .await;
+        .await?;
         for (target, starts) in targets.into_iter().zip(starts) {
-            let (Some(target), starts) = (target, starts?) else {
+            let (Some(target), starts) = (target, starts) else {
                 links.push(None);
                 continue;
             };
@@ -3236,6 +3240,82 @@ mod tests {
         }
         extra.await.unwrap();
         assert!(tags.lock().unwrap().len() <= MAX_PENDING_PER_CONN, "never more than the bound on the wire");
+    }
+
+    /// A plain NBD node spec of `name` at `addr`.
+    fn nbd_node(name: &str, addr: SocketAddr) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            address: NodeAddress::Tcp(addr),
+            protocol: NodeProtocol::Nbd,
+            tls: None,
+            log: Default::default(),
+            route: Default::default(),
+            checks: Default::default(),
+        }
+    }
+
+    /// Two pooled connections per node, each connect within `connect_timeout`.
+    fn link_config(connect_timeout: Duration) -> LinkConfig {
+        LinkConfig {
+            request_timeout: Duration::from_secs(10),
+            connect_timeout,
+            max_backoff: Duration::from_millis(100),
+            connections: 2,
+            read_only_check: None,
+        }
+    }
+
+    /// A node that answers and refuses the volume's export fails the open as soon as it does, named, even
+    /// beside a node that takes the connection and never greets (first in the layout's order): the open
+    /// used to wait out the silent node's whole `connect_timeout` (3 s here) before failing. The silent
+    /// node's pending connect is dropped then: it sees its connection closed, nothing left waiting on it.
+    #[tokio::test]
+    async fn a_refusing_node_fails_the_open_without_waiting_for_a_silent_one() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.185:0").await.unwrap();
+        let refusing = tokio::net::TcpListener::bind("127.0.0.184:0").await.unwrap();
+        let (quiet, wrong) = (silent.local_addr().unwrap(), refusing.local_addr().unwrap());
+        // It offers "v" only: the volume's export "w" is refused (NBD_REP_ERR_UNKNOWN).
+        let node = tokio::spawn(async move {
+            while let Ok((mut s, _)) = refusing.accept().await {
+                let _ = crate::testkit::serve_handshake(&mut s, &crate::testkit::export_v(), None).await;
+            }
+        });
+        let nodes = [nbd_node("quiet", quiet), nbd_node("wrong", wrong)];
+        let cfg = link_config(Duration::from_secs(3));
+        let exports = ["w".to_string(), "w".to_string()];
+        let stripe = Stripe::new(4096, &[1, 1]).unwrap();
+        let t0 = Instant::now();
+        let opened = RemoteVolume::open("vol", 8192, stripe, &nodes, &exports, None, cfg).await;
+        let took = t0.elapsed();
+        let e = opened.err().expect("the export is refused").to_string();
+        assert!(took < cfg.connect_timeout / 2, "the open failed after {took:?}: {e}");
+        assert!(e.starts_with(&format!("node wrong ({wrong}): ")) && e.contains("\"w\""), "{e}");
+        let (mut held, _) = tokio::time::timeout(Duration::from_secs(1), silent.accept()).await.unwrap().unwrap();
+        let mut b = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), held.read(&mut b)).await;
+        assert!(matches!(read, Ok(Ok(0))), "the silent node's connection still open: {read:?}");
+        node.abort();
+    }
+
+    /// Nodes that take the connection and never greet are no error: the volume opens after one
+    /// `connect_timeout` for them together, and its pieces fail with EIO until they answer.
+    #[tokio::test]
+    async fn a_volume_over_silent_nodes_opens() {
+        let a = tokio::net::TcpListener::bind("127.0.0.185:0").await.unwrap();
+        let b = tokio::net::TcpListener::bind("127.0.0.185:0").await.unwrap();
+        let nodes = [nbd_node("a", a.local_addr().unwrap()), nbd_node("b", b.local_addr().unwrap())];
+        let cfg = link_config(Duration::from_millis(500));
+        let exports = ["v".to_string(), "v".to_string()];
+        let t0 = Instant::now();
+        let volume = RemoteVolume::open("vol", 8192, Stripe::new(4096, &[1, 1]).unwrap(), &nodes, &exports, None, cfg)
+            .await
+            .unwrap_or_else(|e| panic!("silent nodes fail no open: {e}"));
+        let took = t0.elapsed();
+        assert!(took >= cfg.connect_timeout && took < 3 * cfg.connect_timeout, "opened after {took:?}");
+        let e = read_at(&volume, 0).await.expect_err("no node answers");
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        volume.close(Duration::from_millis(100)).await;
     }
 
     #[test]

@@ -3038,3 +3038,46 @@ fn a_reload_tries_its_changed_nodes_together() {
         assert!(line.contains(&refused), "{name} not named: {line}");
     }
 }
+
+/// A node that answers and refuses (here a `rein serve` without the volume's node export) stops the
+/// gateway's start at once, named, however long another node stays silent (one that takes the
+/// connection and never greets; `connect_timeout_s = 3`): in one volume over both nodes, and with the
+/// silent node's volume before the refused one; and a reload that adds the volume over both fails as
+/// fast. They used to wait out the silent node's whole connect timeout for a failure known at once (the
+/// volume's nodes were awaited all, and the volumes in order).
+#[test]
+fn a_refusing_node_fails_the_start_without_waiting_for_a_silent_one() {
+    let tmp = tmpdir("gw-refused-beside-silent");
+    let node = storage_node(tmp.path(), 184);
+    let silent = SilentNodes::new(185, 1);
+    let head = format!(
+        "{}\nrequest_timeout_s = 2\nconnect_timeout_s = 3\nreconnect_max_backoff_ms = 200\n[[nodes]]\nname = \
+         \"s1\"\naddress = \"{}\"\n[[nodes]]\nname = \"s2\"\naddress = \"{}\"\n",
+        local(185),
+        silent.addrs[0],
+        node.nbd
+    );
+    let one = "[[exports]]\nname = \"v\"\nsize_mb = 8\nnode_export = \"gone\"\n";
+    let apart = "[[exports]]\nname = \"a\"\nsize_mb = 8\nwidths = { s1 = 1, s2 = 0 }\nnode_export = \"v\"\n\
+                 [[exports]]\nname = \"b\"\nsize_mb = 8\nwidths = { s1 = 0, s2 = 1 }\nnode_export = \"gone\"\n";
+    for (volume, body) in [("v", one), ("b", apart)] {
+        let cfg = write_file(tmp.path(), "gw.toml", &format!("{head}{body}"));
+        let t0 = Instant::now();
+        let err = Rein::gateway(&cfg).fails();
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(1500), "export {volume}: the start failed after {took:?}: {err}");
+        let named = format!("export {volume}: node s2 ({}): ", node.nbd);
+        assert!(err.contains(&named) && err.contains("\"gone\""), "{named} not in: {err}");
+    }
+    // A reload that adds the volume over both nodes fails as fast, and changes nothing.
+    let w = "[[exports]]\nname = \"w\"\nsize_mb = 8\nwidths = { s1 = 0, s2 = 1 }\nnode_export = \"w\"\n";
+    let gw = gateway(&write_file(tmp.path(), "gw.toml", &format!("{head}{w}")));
+    write_file(tmp.path(), "gw.toml", &format!("{head}{w}{one}"));
+    let hup = Instant::now();
+    gw.signal("-HUP");
+    let line = gw.wait_log(&["the running configuration is unchanged"], Duration::from_secs(30));
+    let took = hup.elapsed();
+    assert!(took < Duration::from_millis(1500), "the reload failed after {took:?}: {line}");
+    let named = format!("export v: node s2 ({}): ", node.nbd);
+    assert!(line.contains(&named) && line.contains("\"gone\""), "{named} not in: {line}");
+}
