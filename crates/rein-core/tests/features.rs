@@ -177,17 +177,26 @@ fn capacity_rise_gives_the_reservation_clamped_tenant_its_share_at_once() {
 /// and B, which gets the remainder: 4,000.37 - 1,551.17 = 2,449.2 IOPS, above r_B = 2,327.59. A bound of
 /// 16 of each tenant's own IOs put A's P tag (16 / 4.46 ahead of virtual time) below B's (16 / 2.66), so A
 /// took the spare and B got its reservation alone (2,327 of 2,449 a second: a random property-test case).
+///
+/// The same at 1/100 of the rates (C = 113.8235 IOPS, r_A = 73.8198, r_B = 23.2759, D's limit 15.5117: the
+/// shares scale with them, B's is 24.492): with the bound's time term fixed at 4 ms, as until 2026-12-07,
+/// both riders were under 250 IOPS, so 16 own IOs ruled and ordered them by weight again (B at 23.28).
 #[test]
 fn the_lead_bound_keeps_the_spare_for_the_tenant_under_its_weight_share() {
+    for (scale, secs) in [(1.0, 4), (0.01, 400)] {
+        spare_to_the_tenant_under_its_weight_share(scale, secs);
+    }
+}
+
+fn spare_to_the_tenant_under_its_weight_share(scale: f64, secs: u64) {
     use rein_core::vtime::run_backlogged;
+    let (r_a, r_b, l_d, c) = (7381.98 * scale, 2327.59 * scale, 1551.17 * scale, 11_382.35 * scale);
     let specs = [
-        QosSpec::new(7381.98, None, 4.46, 0).unwrap(),
-        QosSpec::new(2327.59, None, 2.66, 0).unwrap(),
-        QosSpec::new(0.0, Some(1551.17), 5.31, 0).unwrap(),
+        QosSpec::new(r_a, None, 4.46, 0).unwrap(),
+        QosSpec::new(r_b, None, 2.66, 0).unwrap(),
+        QosSpec::new(0.0, Some(l_d), 5.31, 0).unwrap(),
     ];
-    let c = 11_382.35;
-    let want = [7381.98, c - 7381.98 - 1551.17, 1551.17];
-    let secs = 4;
+    let want = [r_a, c - r_a - l_d, l_d];
     for config in [SchedConfig::default(), SchedConfig { weight_lead_ios: None, ..Default::default() }] {
         let mut s = Mclock::new(config);
         let ids: Vec<_> = specs.iter().map(|sp| s.add_tenant(*sp).unwrap()).collect();
@@ -196,7 +205,7 @@ fn the_lead_bound_keeps_the_spare_for_the_tenant_under_its_weight_share() {
             let got = run.served[i] as f64 / secs as f64;
             assert!(
                 (got - w).abs() <= 0.005 * w,
-                "lead {:?}: tenant {i} at {got} IOPS, want {w:.1}: {:?}",
+                "scale {scale}, lead {:?}: tenant {i} at {got} IOPS, want {w:.3}: {:?}",
                 config.weight_lead_ios,
                 run.served
             );

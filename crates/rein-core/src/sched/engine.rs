@@ -77,9 +77,9 @@
 //! tenant keeps 2^126 of it, at the fastest virtual time the bounds allow (1 TB/s per byte, W = 0.001)
 //! 5.5 hours of the device. Why the ceiling is at 2^127: the 2^127 above it hold 2^14 of the largest
 //! increments, so no tag computed from values below it overflows, and a tenant's lead over `vnow` is at
-//! most `weight_lead_ios` (default 16) increments or that many times 4 ms of its reservation (invariant
-//! 8): under 2^117, and under 2^108 for the second (4 ms at [`MAX_RATE`] is 2^32 units, at 2^72 each
-//! at [`MIN_WEIGHT`]). A tenant exempt from that
+//! most `weight_lead_ios` (default 16) increments or that many times T <= 64 ms of its reservation
+//! (invariant 8): under 2^117, and under 2^112 for the second (64 ms at [`MAX_RATE`] is 2^36 units, at
+//! 2^72 each at [`MIN_WEIGHT`]). A tenant exempt from that
 //! bound (a distributed one, or with `weight_lead_ios: None`) may lead by more than 2^127 and saturate:
 //! it sorts last, as it would anyway, and when it becomes the smallest P tag `vnow` reaches the ceiling
 //! and is renormalised. At the fastest virtual time above, a renormalisation comes every 5.5 hours (at
@@ -120,8 +120,10 @@
 //!    frees): clamping to that time itself lost 15% of a 1,000 IOPS limit on a 2,400 IOPS device, and 2
 //!    steps of slack still lost 2%. A limit holds in every window W to l*W + `limit_burst_ios` + 1 IOs.
 //! 8. After a reservation-phase dispatch a tenant's P tag is ahead of `vnow` by at most `weight_lead_ios`
-//!    times the larger of one of its own IOs and [`RESERVATION_LEAD_PER_IO`] (4 ms) of its reservation
-//!    (r * 4 ms / w of P; unless it already was, from before: tags never move back). In the paper the P
+//!    times the larger of one of its own IOs and T of its reservation (r * T / w of P; unless it already
+//!    was, from before: tags never move back). T is one IO of the smallest reservation of the tenants
+//!    here (1 / r_min), at least [`RESERVATION_LEAD_PER_IO`] (4 ms) and at most [`RESERVATION_LEAD_MAX`]
+//!    (64 ms), the same for every tenant ([`lead_time`]). In the paper the P
 //!    tag of a tenant held at its reservation runs ahead without bound, so when capacity later rises it
 //!    gets only r until the others catch up, which can take minutes (mClock §2.1 with T going from 1,200
 //!    to 2,400: RD stayed at 250 for 12 s in our simulator). Steady state is unchanged: a tenant that
@@ -132,8 +134,15 @@
 //!    w). With the bound in own IOs alone (16 / w) a tenant whose reservation was most of the device
 //!    (r / w = 1,655 a second, w = 4.46) sat below one a little under its weight share (875, w = 2.66),
 //!    took the spare the paper gives the second, and the second got its reservation alone (2,328 of the
-//!    oracle's 2,449 IOPS; `tests/features.rs`). `16 * r * 4 ms / w` orders such riders as the paper does
-//!    wherever r * 4 ms is at least one IO (r >= 250 IOPS); below that the own-IO term rules, as before.
+//!    oracle's 2,449 IOPS; `tests/features.rs`). `16 * r * T / w` orders such riders as the paper does
+//!    wherever r * T is at least one IO: for every tenant with r >= 1 / T, which is why T is one IO of
+//!    the smallest reservation. With a fixed T of 4 ms (until 2026-12-07) riders under 250 IOPS were
+//!    ordered by 16 / w instead: the same three tenants at 1/100 of the rates (A 73.8 IOPS, B 23.3, C =
+//!    113.8) gave B 5 % under its share. T is at most 64 ms, so riders under 15.6 IOPS (r * T < 1) are
+//!    still ordered by their own-IO terms. The lead banked is at most 16 * T of a tenant's reservation
+//!    (1.02 s at 64 ms), which holds it at its reservation after a capacity rise for less than that: virtual
+//!    time then runs faster than r / w, the rate the lead was banked at. T changes only when tenants or
+//!    specs do (every tenant's bound then set again: O(n)).
 //!    The term also stops a bound of a few of its own IOs, far shorter than one weight-phase gap, from
 //!    forgiving reservation service to a tenant whose P tag only wobbles around vnow (r = 13,010 IOPS,
 //!    w = 4.66, beside a tenant of r = 143, w = 0.64 on 14,828 IOPS: 16 IOs are 1.2 ms of its service,
@@ -367,8 +376,8 @@ struct Tenant {
     rho: u64,
     // Cold.
     spec: QosSpec,
-    /// The lead bound's time term (invariant 8): how far `weight_lead_ios` times
-    /// [`RESERVATION_LEAD_PER_IO`] of reservation-phase service moves its P tag (`cap * r * T / w` in
+    /// The lead bound's time term (invariant 8): how far `weight_lead_ios` times the engine's lead time T
+    /// ([`lead_time`]) of reservation-phase service moves its P tag (`cap * r * T / w` in
     /// P-tag units, saturating; 0 without a reservation or a bound). Read only when the bound in its own
     /// IOs would cut a P tag; set with the spec and with the configuration ([`Tenant::apply_lead`]).
     resv_lead: u128,
@@ -452,10 +461,11 @@ impl Tenant {
         self.front().into_iter().chain(self.rest.iter())
     }
 
-    /// Sets the lead bound's time term for `weight_lead_ios` = `cap` (invariant 8), from the spec's
-    /// reservation and the P step [`Tenant::apply_spec`] set.
-    fn apply_lead(&mut self, cap: Option<u32>) {
-        self.resv_lead = cap.map_or(0, |cap| times_u32(reservation_lead(self.spec.reservation(), self.p_step), cap));
+    /// Sets the lead bound's time term for `weight_lead_ios` = `cap` and lead time `time` (invariant 8),
+    /// from the spec's reservation and the P step [`Tenant::apply_spec`] set.
+    fn apply_lead(&mut self, cap: Option<u32>, time: Nanos) {
+        self.resv_lead =
+            cap.map_or(0, |cap| times_u32(reservation_lead(self.spec.reservation(), self.p_step, time), cap));
     }
 
     fn apply_spec(&mut self, spec: QosSpec) {
@@ -542,17 +552,29 @@ impl Tenant {
 }
 
 /// Reservation-phase service per IO of [`SchedConfig::weight_lead_ios`] that a tenant's P tag may lead
-/// `vnow` by, at the least (invariant 8).
+/// `vnow` by, at the least (invariant 8): the lead time T of tenants whose smallest reservation is 250
+/// IOPS or more.
 pub(crate) const RESERVATION_LEAD_PER_IO: Nanos = Nanos::from_millis(4);
 
-/// The P-tag advance of [`RESERVATION_LEAD_PER_IO`] of service at `reservation` (cost units per second)
+/// The longest lead time T (invariant 8): riders are ordered by r / w down to 1 / this (15.6 IOPS).
+pub(crate) const RESERVATION_LEAD_MAX: Nanos = Nanos::from_millis(64);
+
+/// The lead time T of tenants whose smallest positive reservation is `r_min` (invariant 8): one IO of it
+/// (1 / r_min), within [`RESERVATION_LEAD_PER_IO`] and [`RESERVATION_LEAD_MAX`];
+/// [`RESERVATION_LEAD_PER_IO`] without reservations.
+fn lead_time(r_min: Option<f64>) -> Nanos {
+    let Some(r) = r_min.filter(|&r| r > 0.0) else { return RESERVATION_LEAD_PER_IO };
+    Nanos::from_secs_f64((1.0 / r).min(RESERVATION_LEAD_MAX.as_secs_f64())).max(RESERVATION_LEAD_PER_IO)
+}
+
+/// The P-tag advance of `time` of service at `reservation` (cost units per second)
 /// for a tenant whose P step (per cost unit) is `p_step`: `reservation * T` cost units at one step each,
 /// in tag units (saturating; 0 without a reservation).
-fn reservation_lead(reservation: f64, p_step: u128) -> u128 {
+fn reservation_lead(reservation: f64, p_step: u128, time: Nanos) -> u128 {
     if reservation <= 0.0 {
         return 0;
     }
-    let units = reservation * RESERVATION_LEAD_PER_IO.as_secs_f64();
+    let units = reservation * time.as_secs_f64();
     let tags = units * p_step as f64;
     if tags >= u128::MAX as f64 {
         u128::MAX
@@ -617,6 +639,11 @@ pub(crate) struct Engine {
     batch: Option<(u32, u32, u64, Phase)>,
     /// Where virtual time is renormalised (tests move it).
     vtime: VtimeRange,
+    /// The tenants' positive reservations (`f64` bits, which order as the values do, with how many
+    /// tenants have each): the smallest sets `lead_time`.
+    reservations: std::collections::BTreeMap<u64, u32>,
+    /// The lead bound's reservation time T (invariant 8): [`lead_time`] of the smallest reservation.
+    lead_time: Nanos,
 }
 
 /// One tenant's entry in [`Away`]: its last P tag when its queue emptied, and which emptying it was.
@@ -722,6 +749,8 @@ impl Engine {
             queued: 0,
             batch: None,
             vtime: VtimeRange::DEFAULT,
+            reservations: Default::default(),
+            lead_time: RESERVATION_LEAD_PER_IO,
         };
         // The rules and the lag bound are derived from the settings in one place.
         e.set_config(config);
@@ -750,7 +779,7 @@ impl Engine {
         }
         if config.weight_lead_ios != self.config.weight_lead_ios {
             for t in self.tenants.values_mut() {
-                t.apply_lead(config.weight_lead_ios);
+                t.apply_lead(config.weight_lead_ios, self.lead_time);
             }
         }
         self.batch = None;
@@ -763,8 +792,9 @@ impl Engine {
 
     pub(crate) fn add_tenant(&mut self, spec: QosSpec) -> Result<TenantId, SchedError> {
         let mut t = Tenant::new(spec, self.time.now());
-        t.apply_lead(self.config.weight_lead_ios);
+        t.apply_lead(self.config.weight_lead_ios, self.lead_time);
         let id = self.tenants.insert(self.config.limits.max_tenants, t)?;
+        self.count_reservation(spec.reservation(), 1);
         let n = self.tenants.slots();
         self.resv.grow_slots(n);
         self.ready.grow_slots(n);
@@ -776,11 +806,18 @@ impl Engine {
         let now = Tag::from_nanos(self.time.now());
         let r_slip = self.rules.r_slip;
         let lead_ios = self.config.weight_lead_ios;
+        let lead_time = self.lead_time;
         let t = self.tenants.get_mut(id)?;
         let had_r = t.r_step != 0;
         let had_l = t.l_step != 0;
+        let old_r = t.spec.reservation();
         t.apply_spec(spec);
-        t.apply_lead(lead_ios);
+        t.apply_lead(lead_ios, lead_time);
+        if old_r != spec.reservation() {
+            self.count_reservation(old_r, -1);
+            self.count_reservation(spec.reservation(), 1);
+        }
+        let t = self.tenants.get_mut(id)?;
         if t.is_empty() {
             return Ok(());
         }
@@ -800,8 +837,34 @@ impl Engine {
         Ok(())
     }
 
+    /// Counts a tenant's reservation `r` in (`by` = 1) or out (-1) of `reservations`; when the smallest
+    /// changes the lead bound's time (invariant 8), every tenant's bound follows: O(n), on a change of
+    /// tenants or specs only.
+    fn count_reservation(&mut self, r: f64, by: i32) {
+        if r <= 0.0 {
+            return;
+        }
+        let key = r.to_bits();
+        if by > 0 {
+            *self.reservations.entry(key).or_insert(0) += 1;
+        } else if let Some(n) = self.reservations.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.reservations.remove(&key);
+            }
+        }
+        let time = lead_time(self.reservations.keys().next().map(|&b| f64::from_bits(b)));
+        if time != self.lead_time {
+            self.lead_time = time;
+            for t in self.tenants.values_mut() {
+                t.apply_lead(self.config.weight_lead_ios, time);
+            }
+        }
+    }
+
     pub(crate) fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError> {
         let t = self.tenants.remove(id)?;
+        self.count_reservation(t.spec.reservation(), -1);
         self.resv.remove(id.slot);
         self.ready.remove(id.slot);
         self.limited.remove(id.slot);
@@ -1295,15 +1358,15 @@ mod vtime {
 
     /// Invariant 8's bound, exactly where it binds and at the range's edge: a tenant served only in the
     /// reservation phase (nothing else queued, so `vnow` stays at 0) leads `vnow` by at most 16 times the
-    /// larger of one own IO and 4 ms of its reservation: r = 1,000 IOPS, w = 2 is 16 * 4 IOs of 1/2 each
-    /// (the own-IO term alone would be 16 IOs); at `MAX_RATE` and `MIN_WEIGHT` it stays under 2^108
-    /// (module comment, "Virtual time's range").
+    /// larger of one own IO and 4 ms of its reservation (T for a smallest reservation of 1,000): r =
+    /// 1,000 IOPS, w = 2 is 16 * 4 IOs of 1/2 each (the own-IO term alone would be 16 IOs); at `MAX_RATE`
+    /// and `MIN_WEIGHT`, and the longest T, it stays under 2^112 (module comment, "Virtual time's range").
     #[test]
     fn the_lead_bound_is_its_reservation_time_and_stays_in_range() {
         use crate::units::{MAX_RATE, MIN_WEIGHT};
         let mut edge = Tenant::new(QosSpec::new(MAX_RATE, None, MIN_WEIGHT, 0).unwrap(), Nanos(0));
-        edge.apply_lead(SchedConfig::default().weight_lead_ios);
-        assert!((1 << 107..1 << 108).contains(&edge.resv_lead), "2^{:.1}", (edge.resv_lead as f64).log2());
+        edge.apply_lead(SchedConfig::default().weight_lead_ios, RESERVATION_LEAD_MAX);
+        assert!((1 << 111..1 << 112).contains(&edge.resv_lead), "2^{:.1}", (edge.resv_lead as f64).log2());
         let (r, w, lead) = (1000.0, 2.0, 64 * step_for_rate(2.0));
         let mut e = Engine::new(MCLOCK, SchedConfig::default());
         let id = e.add_tenant(QosSpec::new(r, None, w, 0).unwrap()).unwrap();
@@ -1321,6 +1384,36 @@ mod vtime {
         }
         let (_, _, p) = e.head_tags(id).unwrap().unwrap();
         assert!(p.0 + step_for_rate(w) > lead, "{r}/{w}: the bound is reached, {} of {lead}", p.0);
+    }
+
+    /// Invariant 8's T is one IO of the smallest reservation here, within 4 and 64 ms, and every tenant's
+    /// bound follows it as tenants come, change and go: a tenant of 1,000 IOPS banks 16 * 4 ms of its
+    /// reservation alone, 16 * 10 ms beside one of 100 IOPS, 16 * 64 ms beside one of 5, and 16 * 4 ms
+    /// again once the small ones have gone or grown.
+    #[test]
+    fn the_lead_time_follows_the_smallest_reservation() {
+        assert_eq!(lead_time(None), RESERVATION_LEAD_PER_IO);
+        assert_eq!(lead_time(Some(250.0)), Nanos::from_millis(4));
+        assert_eq!(lead_time(Some(10_000.0)), Nanos::from_millis(4));
+        assert_eq!(lead_time(Some(100.0)), Nanos::from_millis(10));
+        assert_eq!(lead_time(Some(1e-3)), RESERVATION_LEAD_MAX);
+        let mut e = Engine::new(MCLOCK, SchedConfig::default());
+        let big = e.add_tenant(QosSpec::new(1000.0, None, 1.0, 0).unwrap()).unwrap();
+        let lead = |e: &Engine| e.tenants.at(big.slot).resv_lead;
+        let of = |ms: u64| 16 * reservation_lead(1000.0, step_for_rate(1.0), Nanos::from_millis(ms));
+        assert_eq!(lead(&e), of(4));
+        let small = e.add_tenant(QosSpec::new(100.0, None, 1.0, 0).unwrap()).unwrap();
+        assert_eq!(lead(&e), of(10));
+        let tiny = e.add_tenant(QosSpec::new(5.0, None, 1.0, 0).unwrap()).unwrap();
+        assert_eq!(lead(&e), of(64));
+        e.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).unwrap();
+        assert_eq!(lead(&e), of(64), "a tenant without a reservation changes nothing");
+        e.remove_tenant(tiny).unwrap();
+        assert_eq!(lead(&e), of(10));
+        e.set_spec(small, QosSpec::new(500.0, None, 1.0, 0).unwrap()).unwrap();
+        assert_eq!(lead(&e), of(4));
+        e.set_config(SchedConfig { weight_lead_ios: None, ..SchedConfig::default() });
+        assert_eq!(lead(&e), 0, "no bound");
     }
 
     /// `TenantStats::rho` sums what the reservation clock was charged for service elsewhere: a request

@@ -247,10 +247,11 @@ pub struct SchedConfig {
     /// no lead or lag carried over). `None`: never.
     pub idle_age: Option<Nanos>,
     /// How far a tenant's P tag may run ahead of virtual time through reservation-phase service, in
-    /// units of the larger of one IO of its own cost and 4 ms of its reservation. Bounds the "reservation
-    /// lead" (see `mclock`): a tenant held at its reservation cannot bank more weight-phase debt than
-    /// that, so when capacity rises it gets its weight share within about this many of its IOs (or this
-    /// many times 4 ms of its reservation, the larger). `None`: unbounded, exactly as in the paper.
+    /// units of the larger of one IO of its own cost and T of its reservation, where T is one IO of the
+    /// smallest reservation here, from 4 to 64 ms (engine invariant 8). Bounds the "reservation lead" (see
+    /// `mclock`): a tenant held at its reservation cannot bank more weight-phase debt than that, so when
+    /// capacity rises it gets its weight share within about this many of its IOs (or this many times T
+    /// of its reservation, the larger). `None`: unbounded, exactly as in the paper.
     pub weight_lead_ios: Option<u32>,
     /// Limit burst: how many IOs of unused limit a backlogged tenant may carry (a token bucket's depth). In
     /// any window W a tenant gets at most l*W + limit_burst_ios + 1 IOs' cost. 0 is the strictest, but then
