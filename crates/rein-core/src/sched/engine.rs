@@ -1235,6 +1235,20 @@ impl Engine {
         }
         assert_eq!(total, self.queued, "invariant 5");
         assert!(!self.vtime.reached(self.vnow), "invariant 9");
+        // Invariant 8's T: the counted reservations are the tenants', and every bound is set from T.
+        let mut counted = std::collections::BTreeMap::<u64, u32>::new();
+        for (_, t) in self.tenants.iter().filter(|(_, t)| t.spec.reservation() > 0.0) {
+            *counted.entry(t.spec.reservation().to_bits()).or_insert(0) += 1;
+        }
+        assert_eq!(counted, self.reservations, "invariant 8: the reservations counted");
+        assert_eq!(self.lead_time, lead_time(counted.keys().next().map(|&b| f64::from_bits(b))), "invariant 8: T");
+        for (id, t) in self.tenants.iter() {
+            let want = self
+                .config
+                .weight_lead_ios
+                .map_or(0, |cap| times_u32(reservation_lead(t.spec.reservation(), t.p_step, self.lead_time), cap));
+            assert_eq!(t.resv_lead, want, "invariant 8: the bound of {id}");
+        }
         self.resv.check();
         self.ready.check();
         self.limited.check();
