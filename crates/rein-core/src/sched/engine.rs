@@ -140,9 +140,10 @@
 //!    ordered by 16 / w instead: the same three tenants at 1/100 of the rates (A 73.8 IOPS, B 23.3, C =
 //!    113.8) gave B 5 % under its share. T is at most 64 ms, so riders under 15.6 IOPS (r * T < 1) are
 //!    still ordered by their own-IO terms. The lead banked is at most 16 * T of a tenant's reservation
-//!    (1.02 s at 64 ms), which holds it at its reservation after a capacity rise for less than that: virtual
-//!    time then runs faster than r / w, the rate the lead was banked at. T changes only when tenants or
-//!    specs do (every tenant's bound then set again: O(n)).
+//!    (1.02 s at 64 ms): after a capacity rise that lifts its share above r, it is held at r until virtual
+//!    time has caught up, and gets 16 * T * r IOs fewer than its new share in all (0.16 s of r at 10 ms,
+//!    over 0.16 s if the rise doubles its share, longer if it lifts it less). T changes only when tenants
+//!    or specs do (every tenant's bound then set again: O(n)).
 //!    The term also stops a bound of a few of its own IOs, far shorter than one weight-phase gap, from
 //!    forgiving reservation service to a tenant whose P tag only wobbles around vnow (r = 13,010 IOPS,
 //!    w = 4.66, beside a tenant of r = 143, w = 0.64 on 14,828 IOPS: 16 IOs are 1.2 ms of its service,
