@@ -89,14 +89,14 @@ fn special(_: std::fs::FileType) -> &'static str {
 }
 
 /// A configuration file's or scenario's `text` as `T`, for the daemons (`rein serve`, `rein gateway`,
-/// the pShift controller) and the simulator's scenarios alike. The error is one line (a reload's failure
-/// is one log line too): where, by line and column (1-based, the column in characters), then the
-/// parser's message and the line's first 80 characters, e.g. `line 3, column 13: invalid type: string
-/// "yes", expected a boolean (in `admin_tls = "yes"`)`. An error the parser places nowhere is its
+/// the pShift controller) and the simulator's scenarios alike. The error ([`TomlError`]) is one line (a
+/// reload's failure is one log line too): where, by line and column (1-based, the column in characters),
+/// then the parser's message and the line's first 80 characters, e.g. `line 3, column 13: invalid type:
+/// string "yes", expected a boolean (in `admin_tls = "yes"`)`. An error the parser places nowhere is its
 /// message alone.
-pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, TomlError> {
     toml::from_str(text).map_err(|e| {
-        let message = e.message().trim();
+        let message = e.message().trim().to_string();
         match e.span() {
             Some(span) => {
                 let start = (0..=span.start.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
@@ -105,19 +105,50 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Strin
                 let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
                 // The line itself (a type error's message names no key), shortened.
                 let at = text[before.rfind('\n').map_or(0, |i| i + 1)..].lines().next().unwrap_or("").trim();
-                let at = match at.char_indices().nth(SHOWN_CHARS) {
+                let shown = match at.char_indices().nth(SHOWN_CHARS) {
                     Some((cut, _)) => format!("{} ...", &at[..cut]),
                     None => at.to_string(),
                 };
-                if at.is_empty() {
-                    format!("line {line}, column {column}: {message}")
-                } else {
-                    format!("line {line}, column {column}: {message} (in `{at}`)")
-                }
+                TomlError::At { line, column, message, shown }
             }
-            None => message.to_string(),
+            None => TomlError::Nowhere { message },
         }
     })
+}
+
+/// Why [`parse_toml`] refused a text: the TOML parser's message, placed where it can be. Its message is
+/// one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TomlError {
+    /// The parser places the error: ``line 3, column 13: MESSAGE (in `LINE`)``, without the parenthesis
+    /// when the line is blank.
+    #[error("line {line}, column {column}: {message}{}", in_line(shown))]
+    At {
+        /// The line (1-based).
+        line: usize,
+        /// The column (1-based, in characters).
+        column: usize,
+        /// The parser's message (TOML syntax, an unknown or missing field, a wrong type).
+        message: String,
+        /// The offending line, trimmed, its first 80 characters and ` ...` if it is longer (empty for a
+        /// blank line).
+        shown: String,
+    },
+    /// The parser places the error nowhere (a missing field of the whole text): its message alone.
+    #[error("{message}")]
+    Nowhere {
+        /// The parser's message.
+        message: String,
+    },
+}
+
+/// [`TomlError::At`]'s tail: `` (in `LINE`)``, or nothing for a blank line.
+fn in_line(shown: &str) -> String {
+    if shown.is_empty() {
+        String::new()
+    } else {
+        format!(" (in `{shown}`)")
+    }
 }
 
 /// Characters of the offending line that [`parse_toml`]'s error shows.
@@ -137,16 +168,46 @@ mod tests {
             name: String,
             size: Option<u32>,
         }
-        let e = parse_toml::<T>("name = \"é\"\nsize = \"x\"").unwrap_err();
+        let e = parse_toml::<T>("name = \"é\"\nsize = \"x\"").unwrap_err().to_string();
         assert!(e.starts_with("line 2, column 8: invalid type: string \"x\""), "{e}");
         assert!(e.ends_with(" (in `size = \"x\"`)"), "the key, which the message does not name: {e}");
         assert_eq!(e.lines().count(), 1, "{e}");
         let long = format!("name = \"a\"\nsize = \"{}\"", "é".repeat(200));
-        let e = parse_toml::<T>(&long).unwrap_err();
+        let e = parse_toml::<T>(&long).unwrap_err().to_string();
         assert!(e.ends_with(&format!("(in `size = \"{} ...`)", "é".repeat(72))), "{e}");
-        let e = parse_toml::<T>("name = \"a\"\n\ncolour = 1").unwrap_err();
+        let e = parse_toml::<T>("name = \"a\"\n\ncolour = 1").unwrap_err().to_string();
         assert!(e.starts_with("line 3, column 1: unknown field `colour`"), "{e}");
         assert_eq!(parse_toml::<T>("name = \"é\"").unwrap().name, "é");
+    }
+
+    /// [`TomlError`] carries where and what; its message is the one line `parse_toml` gave as a `String`
+    /// before it was typed (the strings below are that function's output).
+    #[test]
+    fn a_toml_error_is_typed_with_its_place_and_says_the_same_line() {
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct T {
+            name: String,
+            size: Option<u32>,
+        }
+        let e = parse_toml::<T>("name = \"a\"\nsize = -1").unwrap_err();
+        assert!(
+            matches!(&e, TomlError::At { line: 2, column: 8, message, shown } if message.starts_with("invalid value") && shown == "size = -1"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "line 2, column 8: invalid value: integer `-1`, expected u32 (in `size = -1`)");
+        // A missing field is placed at the start of its table.
+        let e = parse_toml::<T>("size = 1").unwrap_err();
+        assert!(matches!(&e, TomlError::At { line: 1, column: 1, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "line 1, column 1: missing field `name` (in `size = 1`)");
+        // Placed on a blank line (an array the text never closes): no parenthesis.
+        let e = parse_toml::<T>("name = [1,\n").unwrap_err();
+        assert!(matches!(&e, TomlError::At { line: 2, column: 1, shown, .. } if shown.is_empty()), "{e:?}");
+        assert!(e.to_string().starts_with("line 2, column 1: invalid array"), "{e}");
+        assert!(!e.to_string().contains("(in `"), "{e}");
+        // An error the parser places nowhere (none of the texts above) is its message alone.
+        assert_eq!(TomlError::Nowhere { message: "missing field `name`".into() }.to_string(), "missing field `name`");
     }
 
     /// A FIFO at a scenario's or trace's path hung `rein sim` in its open (no writer ever comes): refused

@@ -132,12 +132,12 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The text is not TOML, or does not fit the schema (an unknown field, a wrong type).
-    #[error("{path}: {message}")]
+    #[error("{path}: {source}")]
     Parse {
         /// Where the text came from (`<built-in>` for [`BUILTIN`]).
         path: PathBuf,
-        /// The TOML parser's message, after the line and column ([`parse_toml`]).
-        message: String,
+        /// Where and what ([`crate::config::parse_toml`]).
+        source: rein_model::input::TomlError,
     },
     /// A value is out of range or inconsistent with another: [`SettingError`] names the field.
     #[error("config: {0}")]
@@ -1029,7 +1029,7 @@ impl ServerConfig {
 
     /// [`ServerConfig::parse`] with the command line's overrides ([`Overrides`]).
     pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<ServerConfig, ConfigError> {
-        let f: File = parse_toml(text).map_err(|message| ConfigError::Parse { path: path.into(), message })?;
+        let f: File = parse_toml(text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
         // Files named in [tls] are relative to the config file's directory.
         let base = path.parent().unwrap_or(Path::new(""));
         validate(f, base, overrides).map_err(ConfigError::Invalid)

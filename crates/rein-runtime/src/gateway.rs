@@ -356,12 +356,12 @@ pub enum GatewayConfigError {
         source: std::io::Error,
     },
     /// Not TOML, or not the schema (an unknown key, a wrong type).
-    #[error("{path}: {message}")]
+    #[error("{path}: {source}")]
     Parse {
         /// The file.
         path: String,
-        /// The parser's message.
-        message: String,
+        /// Where and what ([`crate::config::parse_toml`]).
+        source: rein_model::input::TomlError,
     },
     /// A value is out of range or inconsistent: [`GatewaySettingError`] names the key.
     #[error("gateway config: {0}")]
@@ -967,7 +967,7 @@ impl GatewayConfig {
     /// [`GatewayConfig::parse`] with the command line's overrides.
     pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<GatewayConfig, GatewayConfigError> {
         let file: File = crate::config::parse_toml(text)
-            .map_err(|message| GatewayConfigError::Parse { path: path.display().to_string(), message })?;
+            .map_err(|source| GatewayConfigError::Parse { path: path.display().to_string(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
         let cfg = validate(file, base, overrides).map_err(GatewayConfigError::Invalid)?;
         cfg.check_no_node_at_the_front()?;

@@ -220,12 +220,12 @@ pub enum ControllerConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML or has unknown keys.
-    #[error("{path}: {message}")]
+    #[error("{path}: {source}")]
     Parse {
         /// The file.
         path: String,
-        /// The parser's message.
-        message: String,
+        /// Where and what ([`crate::config::parse_toml`]).
+        source: rein_model::input::TomlError,
     },
     /// A value is out of range or inconsistent with another: [`ControllerSettingError`] names the key.
     #[error("{path}: {error}")]
@@ -421,7 +421,7 @@ impl ControllerSettings {
     pub fn parse(text: &str, path: &Path) -> Result<ControllerSettings, ControllerConfigError> {
         let shown = path.display().to_string();
         let f: File = crate::config::parse_toml(text)
-            .map_err(|message| ControllerConfigError::Parse { path: shown.clone(), message })?;
+            .map_err(|source| ControllerConfigError::Parse { path: shown.clone(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
         validate(f, base).map_err(|error| ControllerConfigError::Invalid { path: shown, error })
     }

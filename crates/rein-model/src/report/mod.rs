@@ -369,6 +369,18 @@ pub enum PeriodMetric {
     LimitExceededFraction,
 }
 
+/// A metric name that names no metric of its subject (`metric "iop": expected one of iops, mb_s, ...`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{subject} {got:?}: expected one of {expected}")]
+pub struct UnknownMetric {
+    /// What the metric is of: "metric" (a tenant's), "server metric", "period metric", "host metric".
+    pub subject: &'static str,
+    /// The name given.
+    pub got: String,
+    /// The subject's metric names, comma-separated.
+    pub expected: String,
+}
+
 /// Names and parsing for a metric enum (one table per subject).
 macro_rules! metric_names {
     ($t:ty, $what:literal, [$($v:ident = $n:literal),+ $(,)?]) => {
@@ -385,10 +397,13 @@ macro_rules! metric_names {
             }
         }
         impl std::str::FromStr for $t {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
-                Self::ALL.iter().copied().find(|m| m.name() == s)
-                    .ok_or_else(|| format!("{} {s:?}: expected one of {}", $what, Self::names()))
+            type Err = $crate::report::UnknownMetric;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::ALL.iter().copied().find(|m| m.name() == s).ok_or_else(|| $crate::report::UnknownMetric {
+                    subject: $what,
+                    got: s.to_string(),
+                    expected: Self::names(),
+                })
             }
         }
         impl std::fmt::Display for $t {
@@ -766,5 +781,40 @@ impl RunTotals {
             }
         }
         (n, if n > 0 { hit as f64 / n as f64 } else { f64::NAN })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A metric name of no metric is an [`UnknownMetric`] naming the subject, the name and the choices,
+    /// with the message the `String` error had (the strings below are that error's text).
+    #[test]
+    fn an_unknown_metric_name_is_typed_and_names_the_choices() {
+        let e = "iop".parse::<TenantMetric>().unwrap_err();
+        assert!(matches!(&e, UnknownMetric { subject: "metric", got, .. } if got == "iop"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "metric \"iop\": expected one of iops, mb_s, latency_mean_ms, latency_p50_ms, latency_p95_ms, \
+             latency_p99_ms, latency_max_ms, reservation_fraction"
+        );
+        let e = "busy".parse::<ServerMetric>().unwrap_err();
+        assert!(matches!(&e, UnknownMetric { subject: "server metric", got, .. } if got == "busy"), "{e:?}");
+        assert_eq!(e.to_string(), "server metric \"busy\": expected one of iops, utilisation");
+        let e = "met".parse::<PeriodMetric>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "period metric \"met\": expected one of reservation_met_fraction, limit_exceeded_fraction"
+        );
+        let e = "Window".parse::<hosts::HostMetric>().unwrap_err();
+        assert!(matches!(&e, UnknownMetric { subject: "host metric", got, .. } if got == "Window"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "host metric \"Window\": expected one of window, beta, iops, latency_mean_ms, signal_ms, convergence_s"
+        );
+        for m in TenantMetric::ALL {
+            assert_eq!(m.name().parse::<TenantMetric>(), Ok(*m));
+        }
     }
 }

@@ -26,12 +26,12 @@ pub enum FileError {
         source: std::io::Error,
     },
     /// The text is not a scenario (TOML syntax, an unknown field, a missing one, a wrong type).
-    #[error("scenario {path}: {message}")]
+    #[error("scenario {path}: {source}")]
     Parse {
         /// The file (`<text>` for text given directly).
         path: PathBuf,
-        /// The TOML parser's message after the line and column (rein-model's `input::parse_toml`).
-        message: String,
+        /// Where and what (rein-model's `input::parse_toml`).
+        source: rein_model::input::TomlError,
     },
 }
 
@@ -114,7 +114,7 @@ impl ScenarioFile {
     }
 
     fn parse_named(text: &str, path: &Path) -> Result<ScenarioFile, FileError> {
-        rein_model::input::parse_toml(text).map_err(|message| FileError::Parse { path: path.to_path_buf(), message })
+        rein_model::input::parse_toml(text).map_err(|source| FileError::Parse { path: path.to_path_buf(), source })
     }
 }
 
@@ -293,4 +293,24 @@ pub struct ExpectFile {
     /// the periods it closed, by the servers' own counts: exactly R and L, every closed period, so no
     /// `window` or `threshold_pct`; needs `controller = true`).
     pub count: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rein_model::input::TomlError;
+
+    /// A scenario that is not TOML of the schema is a [`FileError::Parse`] whose source is the parser's
+    /// [`TomlError`], placed; the message says it once, as the `String` it wrapped before did.
+    #[test]
+    fn a_parse_error_wraps_the_placed_toml_error() {
+        let e = ScenarioFile::parse("name = \"t\"\nduration_s = \"long\"\n").unwrap_err();
+        assert!(matches!(&e, FileError::Parse { source: TomlError::At { line: 2, column: 14, .. }, .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "scenario <text>: line 2, column 14: invalid type: string \"long\", expected f64 (in `duration_s = \"long\"`)"
+        );
+        let source = std::error::Error::source(&e).expect("the TOML error is the source");
+        assert_eq!(e.to_string().matches(&source.to_string()).count(), 1);
+    }
 }
