@@ -200,12 +200,13 @@ pub enum AdminGuardError {
     },
     /// The token file's content or permissions are not acceptable (the message says what and how to fix
     /// it).
-    #[error("admin token file {}: {message}", path.display())]
+    #[error("admin token file {}: {error}", path.display())]
     TokenInvalid {
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        message: String,
+        #[source]
+        error: TokenError,
     },
     /// A non-loopback admin address without a token (and without `admin_insecure`).
     #[error(
@@ -218,6 +219,41 @@ pub enum AdminGuardError {
         /// What its API lets a client do (the role's [`Powers`]).
         powers: Powers,
     },
+}
+
+/// What is wrong with an admin token file's kind, permissions or content ([`AdminToken::load`],
+/// [`AdminToken::parse`]); [`AdminGuardError::TokenInvalid`] names the file before it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// The path names a directory, a device, a FIFO or a socket.
+    #[error("is not a regular file")]
+    NotAFile,
+    /// Every local user may read or write it (the mode's "other" bits); the message says how to fix it.
+    #[error("is accessible to every user (mode {mode:o}); make it private: chmod 600 {}", path.display())]
+    Exposed {
+        /// The file's permission bits (`mode & 0o777`).
+        mode: u32,
+        /// The file, for the fix.
+        path: PathBuf,
+    },
+    /// The file is far larger than a token (more than twice [`MAX_TOKEN_BYTES`]), so it is not read.
+    #[error("is {bytes} bytes; a token is at most {MAX_TOKEN_BYTES}")]
+    FileTooLarge {
+        /// The file's size.
+        bytes: u64,
+    },
+    /// Nothing but whitespace.
+    #[error("is empty; it must hold one token")]
+    Empty,
+    /// A token longer than [`MAX_TOKEN_BYTES`] (surrounding whitespace dropped).
+    #[error("holds {bytes} bytes; a token is at most {MAX_TOKEN_BYTES}")]
+    TooLong {
+        /// The token's length.
+        bytes: usize,
+    },
+    /// A byte that is not visible ASCII (a space or a line break inside, a control or non-ASCII byte).
+    #[error("must hold one token of visible ASCII characters (no spaces or line breaks inside)")]
+    NotVisibleAscii,
 }
 
 /// A bearer token, from [`AdminToken::load`]. Its `Debug` never shows it.
@@ -236,21 +272,17 @@ impl AdminToken {
     pub fn load(path: &Path) -> Result<AdminToken, AdminGuardError> {
         use std::os::unix::fs::PermissionsExt;
         let read_err = |error| AdminGuardError::TokenRead { path: path.to_path_buf(), error };
-        let invalid = |message: String| AdminGuardError::TokenInvalid { path: path.to_path_buf(), message };
+        let invalid = |error| AdminGuardError::TokenInvalid { path: path.to_path_buf(), error };
         let meta = std::fs::metadata(path).map_err(read_err)?;
         if !meta.is_file() {
-            return Err(invalid("is not a regular file".into()));
+            return Err(invalid(TokenError::NotAFile));
         }
         let mode = meta.permissions().mode();
         if mode & 0o007 != 0 {
-            return Err(invalid(format!(
-                "is accessible to every user (mode {:o}); make it private: chmod 600 {}",
-                mode & 0o777,
-                path.display()
-            )));
+            return Err(invalid(TokenError::Exposed { mode: mode & 0o777, path: path.to_path_buf() }));
         }
         if meta.len() > 2 * MAX_TOKEN_BYTES as u64 {
-            return Err(invalid(format!("is {} bytes; a token is at most {MAX_TOKEN_BYTES}", meta.len())));
+            return Err(invalid(TokenError::FileTooLarge { bytes: meta.len() }));
         }
         let text = rein_model::input::read_bounded(path, 2 * MAX_TOKEN_BYTES as u64).map_err(read_err)?;
         Self::parse(&text).map_err(invalid)
@@ -258,16 +290,16 @@ impl AdminToken {
 
     /// A token from a file's bytes: surrounding whitespace dropped, then 1..=[`MAX_TOKEN_BYTES`] visible
     /// ASCII characters (no space or line break inside).
-    pub fn parse(text: &[u8]) -> Result<AdminToken, String> {
+    pub fn parse(text: &[u8]) -> Result<AdminToken, TokenError> {
         let token = text.trim_ascii();
         if token.is_empty() {
-            return Err("is empty; it must hold one token".into());
+            return Err(TokenError::Empty);
         }
         if token.len() > MAX_TOKEN_BYTES {
-            return Err(format!("holds {} bytes; a token is at most {MAX_TOKEN_BYTES}", token.len()));
+            return Err(TokenError::TooLong { bytes: token.len() });
         }
         if !token.iter().all(|b| b.is_ascii_graphic()) {
-            return Err("must hold one token of visible ASCII characters (no spaces or line breaks inside)".into());
+            return Err(TokenError::NotVisibleAscii);
         }
         Ok(AdminToken(token.into()))
     }
@@ -791,10 +823,53 @@ mod tests {
             assert!(!t.matches(wrong), "{wrong:?}");
         }
         assert!(format!("{t:?}").contains(".."), "Debug hides the token");
-        assert_eq!(AdminToken::parse(b" \n").unwrap_err(), "is empty; it must hold one token");
-        assert!(AdminToken::parse(b"two tokens").unwrap_err().contains("visible ASCII"));
+        assert_eq!(AdminToken::parse(b" \n").unwrap_err().to_string(), "is empty; it must hold one token");
+        assert!(AdminToken::parse(b"two tokens").unwrap_err().to_string().contains("visible ASCII"));
         assert!(AdminToken::parse(&[b'a'; MAX_TOKEN_BYTES]).is_ok(), "at the bound");
-        assert!(AdminToken::parse(&[b'a'; MAX_TOKEN_BYTES + 1]).unwrap_err().contains("at most 4096"));
+        assert!(AdminToken::parse(&[b'a'; MAX_TOKEN_BYTES + 1]).unwrap_err().to_string().contains("at most 4096"));
+    }
+
+    /// Each refusal of a token file is its [`TokenError`] variant, with the message the `String` error
+    /// had (the strings below are that error's text), after the file's name, once.
+    #[test]
+    fn token_refusals_are_typed_with_the_old_messages() {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(AdminToken::parse(b" \n").unwrap_err(), TokenError::Empty);
+        let e = AdminToken::parse(b"two tokens").unwrap_err();
+        assert_eq!(e, TokenError::NotVisibleAscii);
+        assert_eq!(e.to_string(), "must hold one token of visible ASCII characters (no spaces or line breaks inside)");
+        let e = AdminToken::parse(&[b'a'; MAX_TOKEN_BYTES + 1]).unwrap_err();
+        assert_eq!(e, TokenError::TooLong { bytes: MAX_TOKEN_BYTES + 1 });
+        assert_eq!(e.to_string(), "holds 4097 bytes; a token is at most 4096");
+        let dir = tempfile::Builder::new().prefix("rein-token-").tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "abc\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = AdminToken::load(&path).unwrap_err();
+        let shown = path.display();
+        assert!(
+            matches!(&e, AdminGuardError::TokenInvalid { error: TokenError::Exposed { mode: 0o644, path: p }, .. } if *p == path),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "admin token file {shown}: is accessible to every user (mode 644); make it private: chmod 600 {shown}"
+            )
+        );
+        let source = std::error::Error::source(&e).expect("the TokenError is the source").to_string();
+        assert!(e.to_string().ends_with(&format!(": {source}")) && e.to_string().matches(&source).count() == 1);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&path, vec![b'a'; 2 * MAX_TOKEN_BYTES + 1]).unwrap();
+        let e = AdminToken::load(&path).unwrap_err();
+        assert!(
+            matches!(&e, AdminGuardError::TokenInvalid { error: TokenError::FileTooLarge { bytes: 8193 }, .. }),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), format!("admin token file {shown}: is 8193 bytes; a token is at most 4096"));
+        let e = AdminToken::load(dir.path()).unwrap_err();
+        assert!(matches!(&e, AdminGuardError::TokenInvalid { error: TokenError::NotAFile, .. }), "{e:?}");
+        assert_eq!(e.to_string(), format!("admin token file {}: is not a regular file", dir.path().display()));
     }
 
     #[test]

@@ -435,7 +435,7 @@ pub fn admin_token(data: &[u8]) {
     let token = match AdminToken::parse(data) {
         Ok(token) => token,
         Err(e) => {
-            assert!(!e.is_empty(), "a refusal without a message");
+            assert!(!e.to_string().is_empty(), "a refusal without a message");
             return;
         }
     };
