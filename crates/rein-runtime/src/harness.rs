@@ -580,6 +580,7 @@ pub fn job_spec(data: &[u8]) {
     let job = match job_spec::parse(&spec, run) {
         Ok(job) => job,
         Err(e) => {
+            let e = e.to_string();
             let named = format!("job {spec:?}: ");
             assert!(e.starts_with(&named) && e.len() > named.len(), "a refusal that does not name the job: {e}");
             return;

@@ -19,7 +19,7 @@
 
 use crate::load::Job;
 use rein_core::Nanos;
-use rein_model::workload::{FieldNames, TraceParams, WorkloadParams};
+use rein_model::workload::{FieldNames, TraceParams, WorkloadError, WorkloadParams};
 use std::collections::BTreeSet;
 
 /// Most connections one job opens.
@@ -30,14 +30,143 @@ pub const DEFAULT_DEPTH: u32 = 16;
 /// offsets within the export's size).
 pub const DEFAULT_SPAN_GB: f64 = 1024.0;
 
+/// A `--job` value refused: the job as written, then what is wrong with it ([`JobKeyError`]), once.
+#[derive(Debug, thiserror::Error)]
+#[error("job {spec:?}: {error}")]
+pub struct JobError {
+    /// The `--job` value as written.
+    pub spec: String,
+    /// What is wrong with it.
+    #[source]
+    pub error: JobKeyError,
+}
+
+/// What is wrong with a `--job` value: a key or value of the job's own language, or the workload its keys
+/// make ([`WorkloadError`], which names the job's key as written).
+#[derive(Debug, thiserror::Error)]
+pub enum JobKeyError {
+    /// A comma-separated part without `=`.
+    #[error("{part:?} is not key=value")]
+    NotKeyValue {
+        /// The part.
+        part: String,
+    },
+    /// A key given twice (the last does not win).
+    #[error("{key} is given twice")]
+    Repeated {
+        /// The key.
+        key: String,
+    },
+    /// A key this language does not have.
+    #[error(
+        "unknown key {key:?} (name, export, tenant, conns, kind, depth, rate, think, on, off, burst, period, \
+         trace, format, time_scale, repeat, size, read, random, span, start, stop)"
+    )]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// A key that takes a number was given something else.
+    #[error("{key}={value}: not a number: {error}")]
+    Number {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// The parser's reason.
+        #[source]
+        error: std::num::ParseFloatError,
+    },
+    /// A key that takes a whole number (`depth`, `burst`, `conns`) was given something else.
+    #[error("{key}={value}: not a whole number: {error}")]
+    WholeNumber {
+        /// The key.
+        key: String,
+        /// The value given.
+        value: String,
+        /// The parser's reason.
+        #[source]
+        error: std::num::ParseIntError,
+    },
+    /// `repeat=` is not a boolean word.
+    #[error("repeat={value}: expected true or false")]
+    Repeat {
+        /// The value given.
+        value: String,
+    },
+    /// `size=` is not a whole number with an optional k or m.
+    #[error("size {text:?}: expected bytes, or a number with k or m: {error}")]
+    SizeNumber {
+        /// The value given, lowercased and trimmed.
+        text: String,
+        /// The parser's reason.
+        #[source]
+        error: std::num::ParseIntError,
+    },
+    /// `size=` in bytes below a sector (`size=8` meant 8 KiB).
+    #[error("size {text:?} is {bytes} bytes, below a 512-byte sector: for KiB write {bytes}k")]
+    SizeBelowSector {
+        /// The value given, lowercased and trimmed.
+        text: String,
+        /// The bytes it says.
+        bytes: u64,
+    },
+    /// `size=` beyond `u64` bytes.
+    #[error("size {text:?} is too large")]
+    SizeOverflow {
+        /// The value given, lowercased and trimmed.
+        text: String,
+    },
+    /// No `name=`.
+    #[error("name= is required")]
+    NoName,
+    /// A name with a control character (it is the report's tenant: a line break would split its CSV rows).
+    #[error("name={name:?} has a control character (a line break, tab or escape)")]
+    NameControl {
+        /// The name given.
+        name: String,
+    },
+    /// `conns=` outside `1..=`[`MAX_CONNECTIONS`].
+    #[error("conns must be in 1..={MAX_CONNECTIONS}, got {got}")]
+    Connections {
+        /// The value given.
+        got: usize,
+    },
+    /// `depth=` above what one connection has in flight; the message says the `conns=`/`depth=` that
+    /// spreads it.
+    #[error(
+        "depth={depth} is above the {per} requests one connection has in flight: spread it over connections with \
+         conns= (conns={},depth={})",
+        (*depth as usize).div_ceil(*per) * conns,
+        (*depth as usize).div_ceil((*depth as usize).div_ceil(*per))
+    )]
+    DepthPerConnection {
+        /// The depth given.
+        depth: u32,
+        /// The requests one connection has in flight ([`crate::client::MAX_IN_FLIGHT`]).
+        per: usize,
+        /// The connections given.
+        conns: usize,
+    },
+    /// `format=`, `time_scale=` or `repeat=` without `trace=`.
+    #[error("{key}= is a trace's setting: it needs trace=")]
+    TraceSetting {
+        /// The key.
+        key: &'static str,
+    },
+    /// The workload the keys make is refused by the simulator's rules (its message names the job's key).
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+}
+
 /// Parses one `--job` value into a job; `run` is the run's length (the default stop). The error names the
 /// job as written and what is wrong with it (module comment).
-pub fn parse(spec: &str, run: Nanos) -> Result<Job, String> {
-    parse_keys(spec, run).map_err(|e| format!("job {spec:?}: {e}"))
+pub fn parse(spec: &str, run: Nanos) -> Result<Job, JobError> {
+    parse_keys(spec, run).map_err(|error| JobError { spec: spec.to_string(), error })
 }
 
 /// A size in bytes, or with k or m (KiB, MiB).
-fn parse_size(v: &str) -> Result<u64, String> {
+fn parse_size(v: &str) -> Result<u64, JobKeyError> {
     let v = v.trim().to_ascii_lowercase();
     let (num, mul) = if let Some(n) = v.strip_suffix('k') {
         (n, 1024)
@@ -46,16 +175,16 @@ fn parse_size(v: &str) -> Result<u64, String> {
     } else {
         (v.as_str(), 1)
     };
-    let n: u64 = num.parse().map_err(|e| format!("size {v:?}: expected bytes, or a number with k or m: {e}"))?;
+    let n: u64 = num.parse().map_err(|error| JobKeyError::SizeNumber { text: v.clone(), error })?;
     // `size=8` meant 8 KiB (scenarios say `size_kb = 8`) and ran 8-byte requests: bytes without a unit are
     // at least a sector.
     if mul == 1 && (1..512).contains(&n) {
-        return Err(format!("size {v:?} is {n} bytes, below a 512-byte sector: for KiB write {n}k"));
+        return Err(JobKeyError::SizeBelowSector { text: v, bytes: n });
     }
-    n.checked_mul(mul).ok_or_else(|| format!("size {v:?} is too large"))
+    n.checked_mul(mul).ok_or(JobKeyError::SizeOverflow { text: v })
 }
 
-fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
+fn parse_keys(spec: &str, run: Nanos) -> Result<Job, JobKeyError> {
     let (mut name, mut export, mut tenant) = (String::new(), String::new(), String::new());
     let mut conns = 1usize;
     let mut depth: Option<u32> = None;
@@ -65,20 +194,23 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
     let (mut trace, mut trace_format, mut time_scale, mut repeat) = (None::<String>, None::<String>, 1.0, false);
     let mut seen = BTreeSet::new();
     for kv in spec.split(',') {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("{kv:?} is not key=value"))?;
+        let (k, v) = kv.split_once('=').ok_or_else(|| JobKeyError::NotKeyValue { part: kv.to_string() })?;
         let k = k.trim();
         if !seen.insert(k) {
-            return Err(format!("{k} is given twice"));
+            return Err(JobKeyError::Repeated { key: k.to_string() });
         }
-        let num = |v: &str| v.parse::<f64>().map_err(|e| format!("{k}={v}: not a number: {e}"));
-        let whole = |v: &str| v.parse::<u32>().map_err(|e| format!("{k}={v}: not a whole number: {e}"));
+        let num = |v: &str| {
+            v.parse::<f64>().map_err(|error| JobKeyError::Number { key: k.to_string(), value: v.to_string(), error })
+        };
+        let whole_error = |v: &str, error| JobKeyError::WholeNumber { key: k.to_string(), value: v.to_string(), error };
+        let whole = |v: &str| v.parse::<u32>().map_err(|e| whole_error(v, e));
         match k {
             "name" => name = v.to_string(),
             "export" => export = v.to_string(),
             "tenant" => tenant = v.to_string(),
             "kind" => kind = Some(v.to_string()),
             "depth" => depth = Some(whole(v)?),
-            "conns" => conns = v.parse().map_err(|e| format!("conns={v}: not a whole number: {e}"))?,
+            "conns" => conns = v.parse().map_err(|e| whole_error(v, e))?,
             "rate" => p.iops = Some(num(v)?),
             "think" => p.think_ms = Some(num(v)?),
             "on" => p.on_s = Some(num(v)?),
@@ -92,7 +224,7 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
                 repeat = match v {
                     "1" | "true" | "yes" => true,
                     "0" | "false" | "no" => false,
-                    _ => return Err(format!("repeat={v}: expected true or false")),
+                    _ => return Err(JobKeyError::Repeat { value: v.to_string() }),
                 }
             }
             "size" => size = Some(parse_size(v)?),
@@ -101,20 +233,15 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
             "span" => p.span_gb = num(v)?,
             "start" => p.start_s = num(v)?,
             "stop" => p.stop_s = Some(num(v)?),
-            other => {
-                return Err(format!(
-                    "unknown key {other:?} (name, export, tenant, conns, kind, depth, rate, think, on, off, burst, \
-                     period, trace, format, time_scale, repeat, size, read, random, span, start, stop)"
-                ))
-            }
+            other => return Err(JobKeyError::UnknownKey { key: other.to_string() }),
         }
     }
     if name.is_empty() {
-        return Err("name= is required".into());
+        return Err(JobKeyError::NoName);
     }
     // The name is the report's tenant: a line break would split its CSV rows, an escape rewrite the table.
     if name.chars().any(char::is_control) {
-        return Err(format!("name={name:?} has a control character (a line break, tab or escape)"));
+        return Err(JobKeyError::NameControl { name });
     }
     if export.is_empty() {
         export = name.clone();
@@ -123,7 +250,7 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
         tenant = export.clone();
     }
     if !(1..=MAX_CONNECTIONS).contains(&conns) {
-        return Err(format!("conns must be in 1..={MAX_CONNECTIONS}, got {conns}"));
+        return Err(JobKeyError::Connections { got: conns });
     }
     // The kind follows from the keys given unless named.
     p.kind = kind.unwrap_or_else(|| {
@@ -147,24 +274,19 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, String> {
         let depth = depth.unwrap_or(DEFAULT_DEPTH);
         // One connection has at most MAX_IN_FLIGHT requests in flight: a deeper one would silently wait.
         if depth as usize > crate::client::MAX_IN_FLIGHT {
-            let per = crate::client::MAX_IN_FLIGHT;
-            return Err(format!(
-                "depth={depth} is above the {per} requests one connection has in flight: spread it over connections with conns= (conns={},depth={})",
-                (depth as usize).div_ceil(per) * conns,
-                (depth as usize).div_ceil((depth as usize).div_ceil(per))
-            ));
+            return Err(JobKeyError::DepthPerConnection { depth, per: crate::client::MAX_IN_FLIGHT, conns });
         }
         p.outstanding = Some(u32::try_from(u64::from(depth) * conns as u64).unwrap_or(u32::MAX));
     }
     if trace.is_none() {
         if let Some(k) = ["format", "time_scale", "repeat"].into_iter().find(|k| seen.contains(k)) {
-            return Err(format!("{k}= is a trace's setting: it needs trace="));
+            return Err(JobKeyError::TraceSetting { key: k });
         }
     }
     p.size_kb = size.map(|b| b as f64 / 1024.0);
     p.trace =
         trace.map(|path| TraceParams { path, format: trace_format, device: None, devices: None, time_scale, repeat });
-    let workload = p.validate_as(run, None, &[], &FieldNames::JOB).map_err(|e| e.to_string())?;
+    let workload = p.validate_as(run, None, &[], &FieldNames::JOB)?;
     Ok(Job { name, export, tenant, connections: conns, workload, route: None, stream: None })
 }
 
@@ -173,7 +295,7 @@ mod tests {
     use super::*;
 
     fn job_err(spec: &str) -> String {
-        parse(spec, Nanos::from_secs(10)).expect_err("should be refused")
+        parse(spec, Nanos::from_secs(10)).expect_err("should be refused").to_string()
     }
 
     /// Every error names the job once; a key given twice is an error, not the last one winning.
@@ -250,6 +372,46 @@ mod tests {
             let spec = format!("name=a,{keys}");
             assert_eq!(job_err(&spec), format!("job {spec:?}: {want}"));
         }
+    }
+
+    /// Each refusal is its [`JobKeyError`] variant, carrying the key and value, inside a [`JobError`] naming
+    /// the job; the messages are the `String` error's text (the test above holds those strings), and the
+    /// job's message holds its cause's once.
+    #[test]
+    fn job_refusals_are_typed() {
+        let run = Nanos::from_secs(10);
+        let e = parse("name=a,depth=x", run).unwrap_err();
+        assert_eq!(e.spec, "name=a,depth=x");
+        assert!(
+            matches!(&e.error, JobKeyError::WholeNumber { key, value, .. } if key == "depth" && value == "x"),
+            "{e:?}"
+        );
+        let cause = std::error::Error::source(&e).expect("the key's error is the source").to_string();
+        assert_eq!(cause, "depth=x: not a whole number: invalid digit found in string");
+        assert_eq!(e.to_string(), format!("job \"name=a,depth=x\": {cause}"));
+        let key = |spec: &str| parse(spec, run).unwrap_err().error;
+        assert!(matches!(key("name=a,rate=x"), JobKeyError::Number { key, .. } if key == "rate"));
+        assert!(matches!(key("name=a,conns=-1"), JobKeyError::WholeNumber { key, .. } if key == "conns"));
+        assert!(matches!(key("name=a,rate=5,rate=9"), JobKeyError::Repeated { key } if key == "rate"));
+        assert!(matches!(key("name=a,bogus=1"), JobKeyError::UnknownKey { key } if key == "bogus"));
+        assert!(matches!(key("name=a,rate"), JobKeyError::NotKeyValue { part } if part == "rate"));
+        assert!(matches!(key("name=a,trace=x,repeat=maybe"), JobKeyError::Repeat { value } if value == "maybe"));
+        assert!(matches!(key("rate=5"), JobKeyError::NoName));
+        assert!(matches!(key("name=a\tb"), JobKeyError::NameControl { name } if name == "a\tb"));
+        assert!(matches!(key("name=a,conns=0"), JobKeyError::Connections { got: 0 }));
+        assert!(matches!(
+            key("name=a,depth=2000"),
+            JobKeyError::DepthPerConnection { depth: 2000, per: crate::client::MAX_IN_FLIGHT, conns: 1 }
+        ));
+        assert!(matches!(key("name=a,repeat=1"), JobKeyError::TraceSetting { key: "repeat" }));
+        assert!(matches!(key("name=a,size=8"), JobKeyError::SizeBelowSector { text, bytes: 8 } if text == "8"));
+        assert!(matches!(key("name=a,size=1y"), JobKeyError::SizeNumber { text, .. } if text == "1y"));
+        let e = key("name=a,size=99999999999999999m");
+        assert!(matches!(&e, JobKeyError::SizeOverflow { text } if text == "99999999999999999m"), "{e:?}");
+        assert_eq!(e.to_string(), "size \"99999999999999999m\" is too large");
+        let e = key("name=a,rate=0");
+        assert!(matches!(e, JobKeyError::Workload(_)), "{e:?}");
+        assert_eq!(e.to_string(), "rate must be a positive number, got 0");
     }
 
     /// The job's keys land in the workload the simulator's rules make of them.

@@ -90,7 +90,7 @@ pub(crate) struct LoadArgs {
 
 /// Parses one `--job` value (rein-runtime's `job_spec`); `duration` is the run's length (the default stop).
 pub(crate) fn parse_job(spec: &str, duration: Duration) -> Result<Job> {
-    rein_runtime::job_spec::parse(spec, rein_core::Nanos::from_duration(duration)).map_err(anyhow::Error::msg)
+    Ok(rein_runtime::job_spec::parse(spec, rein_core::Nanos::from_duration(duration))?)
 }
 
 /// One line of the live table on stderr: elapsed time, then each tenant's IOPS and mean latency (ms).

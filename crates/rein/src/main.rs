@@ -192,4 +192,17 @@ mod tests {
         let ctx = anyhow::Error::from(std::io::Error::from_raw_os_error(2)).context("reading x");
         assert_eq!(super::report(&ctx), "reading x: No such file or directory (os error 2)");
     }
+
+    /// A refused `--job` (rein-runtime's typed `JobError`, its key's error and the parser's as sources)
+    /// is the one line its String error was: each cause once.
+    #[test]
+    fn a_refused_job_is_reported_once() {
+        let d = std::time::Duration::from_secs(10);
+        let e = crate::load::parse_job("name=a,depth=x", d).unwrap_err();
+        assert_eq!(e.chain().count(), 3, "job, key, parser");
+        assert_eq!(
+            super::report(&e),
+            "job \"name=a,depth=x\": depth=x: not a whole number: invalid digit found in string"
+        );
+    }
 }
