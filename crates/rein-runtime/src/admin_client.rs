@@ -45,53 +45,112 @@ impl AdminEndpoint {
     /// server's certificate must name that IP). `ca`: the CA certificates (PEM) that the server's
     /// certificate must chain to, for `https://` only; without it, the system's roots. Errors name the
     /// flag (`--admin`, `--admin-ca`).
-    pub fn parse(text: &str, ca: Option<&Path>) -> Result<AdminEndpoint, String> {
+    pub fn parse(text: &str, ca: Option<&Path>) -> Result<AdminEndpoint, AdminEndpointError> {
         AdminEndpoint::parse_with(text, ca, None)
     }
 
     /// [`AdminEndpoint::parse`], presenting the client certificate `cert` (PEM, the leaf then any
     /// intermediates) with its `key` when the server asks (an endpoint whose `[tls]` has `ca`). Errors name
     /// `--admin-cert` and `--admin-key`.
-    pub fn parse_with(text: &str, ca: Option<&Path>, cert: Option<(&Path, &Path)>) -> Result<AdminEndpoint, String> {
+    pub fn parse_with(
+        text: &str,
+        ca: Option<&Path>,
+        cert: Option<(&Path, &Path)>,
+    ) -> Result<AdminEndpoint, AdminEndpointError> {
         let (https, rest) = match text.split_once("://") {
             None => (false, text),
             Some(("http", rest)) => (false, rest),
             Some(("https", rest)) => (true, rest),
             Some((scheme, _)) => {
-                return Err(format!("--admin {text:?}: unknown scheme {scheme:?}, expected http or https"))
+                return Err(AdminEndpointError::Scheme { text: text.to_string(), scheme: scheme.to_string() })
             }
         };
         let addr: SocketAddr = rest
             .strip_suffix('/')
             .unwrap_or(rest)
             .parse()
-            .map_err(|e| format!("--admin {text:?}: {e} (expected [http[s]://]address:port)"))?;
+            .map_err(|error| AdminEndpointError::Address { text: text.to_string(), error })?;
         if !https {
             if let Some(ca) = ca {
-                return Err(format!(
-                    "--admin-ca {} is for an https:// admin endpoint; --admin is {text:?}",
-                    ca.display()
-                ));
+                return Err(AdminEndpointError::NotHttps {
+                    flag: "--admin-ca",
+                    path: ca.to_path_buf(),
+                    text: text.to_string(),
+                });
             }
             if let Some((cert, _)) = cert {
-                return Err(format!(
-                    "--admin-cert {} is for an https:// admin endpoint; --admin is {text:?}",
-                    cert.display()
-                ));
+                return Err(AdminEndpointError::NotHttps {
+                    flag: "--admin-cert",
+                    path: cert.to_path_buf(),
+                    text: text.to_string(),
+                });
             }
             return Ok(addr.into());
         }
-        let tls_err = |e: openssl::error::ErrorStack| format!("--admin {text:?}: cannot create the TLS context: {e}");
+        let tls_err = |error| AdminEndpointError::TlsContext { text: text.to_string(), error };
         let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(tls_err)?;
         if let Some(ca) = ca {
-            b.set_ca_file(ca).map_err(|e| format!("--admin-ca {}: not a readable PEM CA file: {e}", ca.display()))?;
+            b.set_ca_file(ca).map_err(|error| AdminEndpointError::CaFile { path: ca.to_path_buf(), error })?;
         }
         if let Some((cert, key)) = cert {
-            let _expiry = crate::tls::set_identity(&mut b, crate::tls::Naming::Flags("admin"), cert, key)
-                .map_err(|e| e.to_string())?;
+            let _expiry = crate::tls::set_identity(&mut b, crate::tls::Naming::Flags("admin"), cert, key)?;
         }
         Ok(AdminEndpoint { addr, tls: Some(b.build()) })
     }
+}
+
+/// Why `--admin` (with `--admin-ca`, `--admin-cert`, `--admin-key`) names no admin endpoint this client
+/// can reach; the message names the flag and what it was given.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminEndpointError {
+    /// A scheme other than http or https.
+    #[error("--admin {text:?}: unknown scheme {scheme:?}, expected http or https")]
+    Scheme {
+        /// `--admin` as given.
+        text: String,
+        /// The scheme.
+        scheme: String,
+    },
+    /// Not an address and port after the scheme (a host name is not resolved).
+    #[error("--admin {text:?}: {error} (expected [http[s]://]address:port)")]
+    Address {
+        /// `--admin` as given.
+        text: String,
+        /// Why it is not an address.
+        #[source]
+        error: std::net::AddrParseError,
+    },
+    /// `--admin-ca` or `--admin-cert` beside a plain-HTTP `--admin`.
+    #[error("{flag} {} is for an https:// admin endpoint; --admin is {text:?}", path.display())]
+    NotHttps {
+        /// `--admin-ca` or `--admin-cert`.
+        flag: &'static str,
+        /// The file it names.
+        path: std::path::PathBuf,
+        /// `--admin` as given.
+        text: String,
+    },
+    /// OpenSSL could not make a client context.
+    #[error("--admin {text:?}: cannot create the TLS context: {error}")]
+    TlsContext {
+        /// `--admin` as given.
+        text: String,
+        /// OpenSSL's reason.
+        #[source]
+        error: openssl::error::ErrorStack,
+    },
+    /// `--admin-ca` is not a readable PEM file of CA certificates.
+    #[error("--admin-ca {}: not a readable PEM CA file: {error}", path.display())]
+    CaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// OpenSSL's reason.
+        #[source]
+        error: openssl::error::ErrorStack,
+    },
+    /// `--admin-cert` or `--admin-key` is refused (the message names the flag and the file).
+    #[error(transparent)]
+    Identity(#[from] crate::tls::CredentialError),
 }
 
 /// Largest response read.
@@ -366,7 +425,7 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{AdminEndpoint, Pin, SslMethod, SslStream};
+    use super::{AdminEndpoint, Path, Pin, SslMethod, SslStream};
 
     #[test]
     fn endpoints_parse_with_their_scheme() {
@@ -377,18 +436,53 @@ mod tests {
             "http://127.0.0.1:9180"
         );
         assert_eq!(format!("{:?}", AdminEndpoint::parse("https://[::1]:9180", None).unwrap()), "https://[::1]:9180");
-        let e = AdminEndpoint::parse("ftp://127.0.0.1:1", None).unwrap_err();
+        let e = AdminEndpoint::parse("ftp://127.0.0.1:1", None).unwrap_err().to_string();
         assert!(e.contains("unknown scheme \"ftp\", expected http or https"), "{e}");
         assert!(AdminEndpoint::parse("https://localhost:9180", None)
             .unwrap_err()
+            .to_string()
             .contains("expected [http[s]://]address:port"));
         let ca = std::path::Path::new("ca.pem");
         assert!(AdminEndpoint::parse("127.0.0.1:9180", Some(ca))
             .unwrap_err()
+            .to_string()
             .contains("--admin-ca ca.pem is for an https://"));
         let e = AdminEndpoint::parse("https://127.0.0.1:9180", Some(std::path::Path::new("/nonexistent/ca.pem")))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("--admin-ca /nonexistent/ca.pem: not a readable PEM CA file"), "{e}");
+    }
+
+    /// Each refusal of `--admin` and its companions is its [`super::AdminEndpointError`] variant, carrying
+    /// what was given; the messages are those of the `String` error (strings checked against it).
+    #[test]
+    fn endpoint_refusals_are_typed() {
+        use super::AdminEndpointError as E;
+        let e = AdminEndpoint::parse("ftp://127.0.0.1:1", None).unwrap_err();
+        assert!(matches!(&e, E::Scheme { text, scheme } if text == "ftp://127.0.0.1:1" && scheme == "ftp"), "{e:?}");
+        assert_eq!(e.to_string(), "--admin \"ftp://127.0.0.1:1\": unknown scheme \"ftp\", expected http or https");
+        let e = AdminEndpoint::parse("https://localhost:9180", None).unwrap_err();
+        assert!(matches!(&e, E::Address { text, .. } if text == "https://localhost:9180"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "--admin \"https://localhost:9180\": invalid socket address syntax (expected [http[s]://]address:port)"
+        );
+        let (ca, cert, key) = (Path::new("ca.pem"), Path::new("c.pem"), Path::new("k.pem"));
+        let e = AdminEndpoint::parse("127.0.0.1:9180", Some(ca)).unwrap_err();
+        assert!(matches!(&e, E::NotHttps { flag: "--admin-ca", path, .. } if path == ca), "{e:?}");
+        assert_eq!(e.to_string(), "--admin-ca ca.pem is for an https:// admin endpoint; --admin is \"127.0.0.1:9180\"");
+        let e = AdminEndpoint::parse_with("http://127.0.0.1:9180", None, Some((cert, key))).unwrap_err();
+        assert!(matches!(&e, E::NotHttps { flag: "--admin-cert", path, .. } if path == cert), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "--admin-cert c.pem is for an https:// admin endpoint; --admin is \"http://127.0.0.1:9180\""
+        );
+        let missing = Path::new("/nonexistent/ca.pem");
+        let e = AdminEndpoint::parse("https://127.0.0.1:9180", Some(missing)).unwrap_err();
+        assert!(matches!(&e, E::CaFile { path, .. } if path == missing), "{e:?}");
+        let e = AdminEndpoint::parse_with("https://127.0.0.1:9180", None, Some((cert, key))).unwrap_err();
+        assert!(matches!(&e, E::Identity(_)), "{e:?}");
+        assert_eq!(e.to_string(), "--admin-cert c.pem: No such file or directory (os error 2)");
     }
 
     /// What an endpoint says is shown without its escape sequences, and a long text cut.

@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rein_runtime::admin::TenantJson;
-use rein_runtime::admin_client::{self, AdminEndpoint};
+use rein_runtime::admin_client::{self, AdminEndpoint, AdminEndpointError};
 use rein_runtime::admin_guard::AdminToken;
 use rein_runtime::parda_host::HostStatus;
 use rein_runtime::prom::Sample;
@@ -293,7 +293,7 @@ impl AdminClientArgs {
     pub(crate) const IDS: [&'static str; 4] = ["admin_ca", "admin_cert", "admin_key", "admin_token_file"];
 
     /// The endpoint at `address` (ADDR, http://ADDR or https://ADDR) with these options.
-    pub(crate) fn endpoint(&self, address: &str) -> Result<AdminEndpoint, String> {
+    pub(crate) fn endpoint(&self, address: &str) -> Result<AdminEndpoint, AdminEndpointError> {
         let cert = self.admin_cert.as_deref().zip(self.admin_key.as_deref());
         AdminEndpoint::parse_with(address, self.admin_ca.as_deref(), cert)
     }

@@ -242,7 +242,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     // Intervals of 1 s, and specs in IOPS: the admin API does not say the server's cost model, so the
     // report's oracle assumes IOPS (LoadConfig::new's defaults).
     let cfg = LoadConfig {
-        admin: args.admin.as_deref().map(|a| args.admin_client.endpoint(a)).transpose().map_err(anyhow::Error::msg)?,
+        admin: args.admin.as_deref().map(|a| args.admin_client.endpoint(a)).transpose()?,
         admin_token: args.admin_client.token(None)?,
         warmup,
         seed: args.seed,
