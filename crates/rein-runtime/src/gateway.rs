@@ -917,7 +917,7 @@ impl GatewayConfig {
     /// it is first written. Returns, for `--check-config`, a line saying what was checked.
     pub fn check_layouts(&self) -> Result<Option<String>, GatewayError> {
         let Some(path) = &self.layout_file else { return Ok(None) };
-        let Some(recorded) = layouts::read(path).map_err(GatewayError::Layout)? else {
+        let Some(recorded) = layouts::read(path)? else {
             return Ok(Some(format!("layout_file {}: no record yet (a start writes it)", path.display())));
         };
         let now = self.exports.iter().map(|v| (v.name.as_str(), layout_of(v, &self.nodes)));
@@ -1302,10 +1302,14 @@ pub enum GatewayError {
     /// its VMs.
     #[error("{0}")]
     Parda(String),
-    /// `layout_file` cannot be read or written, or a volume's layout differs from the one recorded there
+    /// `layout_file` cannot be written, or a volume's layout differs from the one recorded there
     /// ([`layouts`]); the message names the file or the volumes.
     #[error("{0}")]
     Layout(String),
+    /// `layout_file` is there but cannot be read, or does not parse ([`layouts::read`]); the message names
+    /// the file.
+    #[error(transparent)]
+    LayoutFile(#[from] layouts::LayoutReadError),
 }
 
 impl From<crate::admin_guard::AdminListenError> for GatewayError {

@@ -76,38 +76,139 @@ impl Layout {
         format!("{unit} units over {}", nodes.join(", "))
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), LayoutError> {
         if self.unit == 0 || self.unit > 1 << 30 {
-            return Err(format!("unit must be in 1..=1073741824 bytes, got {}", self.unit));
+            return Err(LayoutError::Unit { got: self.unit });
         }
         if self.nodes.is_empty() || self.nodes.len() > super::MAX_NODES {
-            return Err(format!("1..={} nodes, got {}", super::MAX_NODES, self.nodes.len()));
+            return Err(LayoutError::NodeCount { got: self.nodes.len() });
         }
         let mut sum = 0u64;
         for (i, n) in self.nodes.iter().enumerate() {
             if n.node.is_empty() || n.node.len() > rein_proto::nbd::MAX_NAME_LEN {
-                return Err(format!("node {i}: a name of 1..={} bytes", rein_proto::nbd::MAX_NAME_LEN));
+                return Err(LayoutError::NodeName { index: i });
             }
             if n.export.len() > rein_proto::nbd::MAX_NAME_LEN {
-                return Err(format!(
-                    "node {}: an export name of at most {} bytes",
-                    n.node,
-                    rein_proto::nbd::MAX_NAME_LEN
-                ));
+                return Err(LayoutError::ExportName { node: n.node.clone() });
             }
             if n.width == 0 {
-                return Err(format!("node {}: width 0 (a layout lists only the nodes it uses)", n.node));
+                return Err(LayoutError::ZeroWidth { node: n.node.clone() });
             }
             if self.nodes[..i].iter().any(|o| o.node == n.node) {
-                return Err(format!("node {} listed twice", n.node));
+                return Err(LayoutError::Repeated { node: n.node.clone() });
             }
             sum += u64::from(n.width);
         }
         if sum > MAX_ROUND_UNITS {
-            return Err(format!("the widths sum to {sum}, past {MAX_ROUND_UNITS}"));
+            return Err(LayoutError::WidthSum { sum });
         }
         Ok(())
     }
+}
+
+/// What is wrong with one volume's layout in the file ([`LayoutFileError::Volume`] names the volume).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// A stripe unit outside 1 byte..=1 GiB.
+    #[error("unit must be in 1..=1073741824 bytes, got {got}")]
+    Unit {
+        /// The unit given.
+        got: u64,
+    },
+    /// No node, or more than [`super::MAX_NODES`].
+    #[error("1..={} nodes, got {got}", super::MAX_NODES)]
+    NodeCount {
+        /// The nodes listed.
+        got: usize,
+    },
+    /// A node name empty or longer than NBD allows.
+    #[error("node {index}: a name of 1..={} bytes", rein_proto::nbd::MAX_NAME_LEN)]
+    NodeName {
+        /// The node's position in the layout.
+        index: usize,
+    },
+    /// An export name longer than NBD allows.
+    #[error("node {node}: an export name of at most {} bytes", rein_proto::nbd::MAX_NAME_LEN)]
+    ExportName {
+        /// The node.
+        node: String,
+    },
+    /// A node of width 0.
+    #[error("node {node}: width 0 (a layout lists only the nodes it uses)")]
+    ZeroWidth {
+        /// The node.
+        node: String,
+    },
+    /// A node listed twice.
+    #[error("node {node} listed twice")]
+    Repeated {
+        /// The node.
+        node: String,
+    },
+    /// Widths summing past [`MAX_ROUND_UNITS`].
+    #[error("the widths sum to {sum}, past {MAX_ROUND_UNITS}")]
+    WidthSum {
+        /// Their sum.
+        sum: u64,
+    },
+}
+
+/// What is wrong with a layout file's bytes ([`parse`]; the caller names the file).
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutFileError {
+    /// Not JSON of the file's schema.
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    /// Another version than [`VERSION`].
+    #[error("version {got} (this gateway reads version {VERSION})")]
+    Version {
+        /// The version in the file.
+        got: u32,
+    },
+    /// More volumes than [`super::MAX_VOLUMES`].
+    #[error("{count} volumes, past {}", super::MAX_VOLUMES)]
+    Volumes {
+        /// The volumes in the file.
+        count: usize,
+    },
+    /// A volume name empty or longer than NBD allows.
+    #[error("a volume name of 1..={} bytes", rein_proto::nbd::MAX_NAME_LEN)]
+    VolumeName {
+        /// The name given.
+        name: String,
+    },
+    /// A volume's layout breaks a bound.
+    #[error("volume {name}: {error}")]
+    Volume {
+        /// The volume.
+        name: String,
+        /// What is wrong with its layout.
+        #[source]
+        error: LayoutError,
+    },
+}
+
+/// Why [`read`] could not give the layout file's record (a missing file is no error).
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutReadError {
+    /// The file is there but cannot be read.
+    #[error("layout_file {}: cannot read it: {error}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        #[source]
+        error: std::io::Error,
+    },
+    /// The file does not parse or breaks a bound; the message says how to go on.
+    #[error("layout_file {}: {error} (fix it, or remove it to record the running layouts anew)", path.display())]
+    Invalid {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        #[source]
+        error: LayoutFileError,
+    },
 }
 
 /// The file's contents.
@@ -121,32 +222,29 @@ pub struct LayoutFile {
 }
 
 /// Parses and checks a layout file's bytes; the error says what is wrong (the caller names the file).
-pub fn parse(bytes: &[u8]) -> Result<LayoutFile, String> {
-    let f: LayoutFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse(bytes: &[u8]) -> Result<LayoutFile, LayoutFileError> {
+    let f: LayoutFile = serde_json::from_slice(bytes).map_err(LayoutFileError::Json)?;
     if f.version != VERSION {
-        return Err(format!("version {} (this gateway reads version {VERSION})", f.version));
+        return Err(LayoutFileError::Version { got: f.version });
     }
     if f.volumes.len() > super::MAX_VOLUMES {
-        return Err(format!("{} volumes, past {}", f.volumes.len(), super::MAX_VOLUMES));
+        return Err(LayoutFileError::Volumes { count: f.volumes.len() });
     }
     for (name, l) in &f.volumes {
         if name.is_empty() || name.len() > rein_proto::nbd::MAX_NAME_LEN {
-            return Err(format!("a volume name of 1..={} bytes", rein_proto::nbd::MAX_NAME_LEN));
+            return Err(LayoutFileError::VolumeName { name: name.clone() });
         }
-        l.check().map_err(|e| format!("volume {name}: {e}"))?;
+        l.check().map_err(|error| LayoutFileError::Volume { name: name.clone(), error })?;
     }
     Ok(f)
 }
 
 /// Reads the layout file at `path`: `None` if there is none yet; an error naming the file otherwise.
-pub fn read(path: &Path) -> Result<Option<LayoutFile>, String> {
-    let name = path.display();
+pub fn read(path: &Path) -> Result<Option<LayoutFile>, LayoutReadError> {
     match crate::durable::read(path, MAX_FILE_BYTES) {
-        Ok(bytes) => parse(&bytes)
-            .map(Some)
-            .map_err(|e| format!("layout_file {name}: {e} (fix it, or remove it to record the running layouts anew)")),
+        Ok(bytes) => parse(&bytes).map(Some).map_err(|error| LayoutReadError::Invalid { path: path.into(), error }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("layout_file {name}: cannot read it: {e}")),
+        Err(error) => Err(LayoutReadError::Read { path: path.into(), error }),
     }
 }
 
@@ -194,7 +292,7 @@ mod tests {
         let f = LayoutFile { version: VERSION, volumes: BTreeMap::from([("v".to_string(), layout(&[("s1", 1)]))]) };
         let text = serde_json::to_vec(&f).unwrap();
         assert_eq!(parse(&text).unwrap(), f);
-        let bad = |json: &str| parse(json.as_bytes()).unwrap_err();
+        let bad = |json: &str| parse(json.as_bytes()).unwrap_err().to_string();
         assert!(bad(r#"{"version": 2, "volumes": {}}"#).contains("version 2"));
         assert!(bad(r#"{"version": 1, "volumes": {}, "x": 1}"#).contains("unknown field"));
         let v = |nodes: &str| format!(r#"{{"version": 1, "volumes": {{"v": {{"unit": 4096, "nodes": [{nodes}]}}}}}}"#);
@@ -204,6 +302,67 @@ mod tests {
         assert!(bad(&v(twice)).contains("node s1 listed twice"));
         assert!(bad(&v(r#"{"node": "s1", "export": "v", "width": 5000}"#)).contains("past 4096"));
         assert!(bad("not json").contains("expected"));
+    }
+
+    /// Each refusal of a layout file is its variant, carrying the volume, node or value; the messages are
+    /// those of the `String` error (strings checked against it), the file's name and its cause once.
+    #[test]
+    fn layout_file_refusals_are_typed() {
+        let bad = |json: &str| parse(json.as_bytes()).unwrap_err();
+        let e = bad(r#"{"version": 2, "volumes": {}}"#);
+        assert!(matches!(e, LayoutFileError::Version { got: 2 }), "{e:?}");
+        assert_eq!(e.to_string(), "version 2 (this gateway reads version 1)");
+        let e = bad("not json");
+        assert!(matches!(e, LayoutFileError::Json(_)), "{e:?}");
+        assert_eq!(e.to_string(), "expected ident at line 1 column 2");
+        let e = bad(r#"{"version": 1, "volumes": {"": {"unit": 4096, "nodes": []}}}"#);
+        assert!(matches!(&e, LayoutFileError::VolumeName { name } if name.is_empty()), "{e:?}");
+        assert_eq!(e.to_string(), "a volume name of 1..=4096 bytes");
+        let v = |nodes: &str| format!(r#"{{"version": 1, "volumes": {{"v": {{"unit": 4096, "nodes": [{nodes}]}}}}}}"#);
+        let volume = |json: &str| match bad(json) {
+            LayoutFileError::Volume { name, error } if name == "v" => error,
+            other => panic!("not a volume's refusal: {other:?}"),
+        };
+        assert_eq!(volume(&v("")), LayoutError::NodeCount { got: 0 });
+        let e = volume(&v(r#"{"node": "", "export": "v", "width": 1}"#));
+        assert_eq!(
+            (e.clone(), e.to_string()),
+            (LayoutError::NodeName { index: 0 }, "node 0: a name of 1..=4096 bytes".into())
+        );
+        let e = volume(&v(r#"{"node": "s1", "export": "v", "width": 0}"#));
+        assert_eq!(e, LayoutError::ZeroWidth { node: "s1".into() });
+        assert_eq!(e.to_string(), "node s1: width 0 (a layout lists only the nodes it uses)");
+        let twice = r#"{"node": "s1", "export": "v", "width": 1}, {"node": "s1", "export": "w", "width": 1}"#;
+        assert_eq!(volume(&v(twice)), LayoutError::Repeated { node: "s1".into() });
+        let e = volume(&v(r#"{"node": "s1", "export": "v", "width": 5000}"#));
+        assert_eq!(
+            (e.clone(), e.to_string()),
+            (LayoutError::WidthSum { sum: 5000 }, "the widths sum to 5000, past 4096".into())
+        );
+        let e = bad(r#"{"version": 1, "volumes": {"v": {"unit": 0, "nodes": []}}}"#);
+        assert_eq!(e.to_string(), "volume v: unit must be in 1..=1073741824 bytes, got 0");
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("layouts.json");
+        std::fs::write(&path, r#"{"version": 2, "volumes": {}}"#).unwrap();
+        let e = read(&path).unwrap_err();
+        assert!(matches!(&e, LayoutReadError::Invalid { error: LayoutFileError::Version { got: 2 }, .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "layout_file {}: version 2 (this gateway reads version 1) (fix it, or remove it to record the running \
+                 layouts anew)",
+                path.display()
+            )
+        );
+        let e = read(tmp.path()).unwrap_err();
+        assert!(matches!(&e, LayoutReadError::Read { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "layout_file {}: cannot read it: it is a directory, not a regular file, so it is not read",
+                tmp.path().display()
+            )
+        );
     }
 
     #[test]
@@ -232,7 +391,7 @@ mod tests {
         write(&path, volumes.clone()).unwrap();
         assert_eq!(read(&path).unwrap().unwrap().volumes, volumes);
         std::fs::write(&path, "{").unwrap();
-        let e = read(&path).unwrap_err();
+        let e = read(&path).unwrap_err().to_string();
         assert!(e.starts_with(&format!("layout_file {}: ", path.display())) && e.contains("remove it"), "{e}");
     }
 }
