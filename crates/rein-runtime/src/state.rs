@@ -134,14 +134,15 @@ pub enum StateError {
     },
     /// The state file is not a state file this server understands.
     #[error(
-        "state file {path} is unusable: {message} (it holds the changes made through the admin API; fix it, or \
+        "state file {path} is unusable: {error} (it holds the changes made through the admin API; fix it, or \
          move it away to start from the configuration file alone)"
     )]
     Corrupt {
-        /// The file.
+        /// The file (the state file or its journal).
         path: PathBuf,
         /// What is wrong.
-        message: String,
+        #[source]
+        error: StateFileError,
     },
     /// The state would be larger than a server reads back ([`MAX_STATE_BYTES`]); nothing was written.
     #[error(
@@ -530,24 +531,62 @@ fn read_state_bytes(path: &Path, max: u64) -> Result<Option<Vec<u8>>, StateError
     match crate::durable::read(path, max) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
-            Err(StateError::Corrupt { path: path.to_path_buf(), message: format!("larger than {max} bytes") })
+            Err(StateError::Corrupt { path: path.to_path_buf(), error: StateFileError::TooLarge { max } })
         }
         Err(source) => Err(StateError::Read { path: path.to_path_buf(), source }),
         Ok(bytes) => Ok(Some(bytes)),
     }
 }
 
+/// What is wrong with a state file's or its journal's bytes ([`parse`], [`apply_journal`];
+/// [`StateError::Corrupt`] names the file).
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// Longer than a server reads back.
+    #[error("larger than {max} bytes")]
+    TooLarge {
+        /// The bound read.
+        max: u64,
+    },
+    /// Not JSON of the state file's schema.
+    #[error("{0}")]
+    Json(#[source] serde_json::Error),
+    /// Another version than [`STATE_VERSION`].
+    #[error("version {got} (this server reads version {STATE_VERSION})")]
+    Version {
+        /// The version in the file.
+        got: u32,
+    },
+    /// A journal line (not the last) that is not a record.
+    #[error("line {line}: {error}")]
+    JournalLine {
+        /// The line's number (1-based).
+        line: usize,
+        /// Why it is not a record.
+        #[source]
+        error: serde_json::Error,
+    },
+    /// A journal record of another version than [`STATE_VERSION`].
+    #[error("line {line}: version {got} (this server reads version {STATE_VERSION})")]
+    JournalVersion {
+        /// The line's number (1-based).
+        line: usize,
+        /// The version in the record.
+        got: u32,
+    },
+}
+
 /// Parses state file text, checking the version.
-pub fn parse(bytes: &[u8]) -> Result<StateFile, String> {
+pub fn parse(bytes: &[u8]) -> Result<StateFile, StateFileError> {
     #[derive(Deserialize)]
     struct Version {
         version: u32,
     }
-    let v: Version = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let v: Version = serde_json::from_slice(bytes).map_err(StateFileError::Json)?;
     if v.version != STATE_VERSION {
-        return Err(format!("version {} (this server reads version {STATE_VERSION})", v.version));
+        return Err(StateFileError::Version { got: v.version });
     }
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    serde_json::from_slice(bytes).map_err(StateFileError::Json)
 }
 
 /// The journal's name inside the data directory (module comment, "Journal").
@@ -720,7 +759,7 @@ pub struct JournalRead {
 /// records apply over an empty state). A last line that does not parse or lacks its newline is ignored
 /// (its number in [`JournalRead::cut`]); another line that does not parse, or of another version, is an
 /// error naming the line.
-pub fn apply_journal(state: &mut Option<StateFile>, journal: &[u8]) -> Result<JournalRead, String> {
+pub fn apply_journal(state: &mut Option<StateFile>, journal: &[u8]) -> Result<JournalRead, StateFileError> {
     let mut read = JournalRead { bytes: 0, cut: None, stale: 0 };
     let generation = state.as_ref().map_or(0, |s| s.generation);
     let mut lines = journal.split_inclusive(|&b| b == b'\n').enumerate().peekable();
@@ -728,18 +767,14 @@ pub fn apply_journal(state: &mut Option<StateFile>, journal: &[u8]) -> Result<Jo
         let last = lines.peek().is_none();
         match serde_json::from_slice::<Delta>(line) {
             Ok(d) if d.version != STATE_VERSION => {
-                return Err(format!(
-                    "line {}: version {} (this server reads version {STATE_VERSION})",
-                    i + 1,
-                    d.version
-                ))
+                return Err(StateFileError::JournalVersion { line: i + 1, got: d.version })
             }
             Ok(d) if line.ends_with(b"\n") && d.generation != generation => read.stale += 1,
             Ok(d) if line.ends_with(b"\n") => {
                 d.apply(state.get_or_insert_with(StateFile::default));
                 read.bytes += line.len();
             }
-            Err(e) if !last => return Err(format!("line {}: {e}", i + 1)),
+            Err(error) if !last => return Err(StateFileError::JournalLine { line: i + 1, error }),
             // Only the last line can lack its newline.
             _ => read.cut = Some(i + 1),
         }
@@ -777,15 +812,15 @@ impl Store {
         let path = dir.join(STATE_FILE);
         let file = read_state_bytes(&path, MAX_STATE_BYTES)?;
         let mut state = match &file {
-            Some(bytes) => Some(parse(bytes).map_err(|message| StateError::Corrupt { path, message })?),
+            Some(bytes) => Some(parse(bytes).map_err(|error| StateError::Corrupt { path, error })?),
             None => None,
         };
         let jpath = dir.join(JOURNAL_FILE);
         // A journal is compacted once longer than the state file (or MIN_JOURNAL_BYTES): twice the
         // state's bound holds it with its last record.
         let journal = read_state_bytes(&jpath, 2 * MAX_STATE_BYTES)?.unwrap_or_default();
-        let read = apply_journal(&mut state, &journal)
-            .map_err(|message| StateError::Corrupt { path: jpath.clone(), message })?;
+        let read =
+            apply_journal(&mut state, &journal).map_err(|error| StateError::Corrupt { path: jpath.clone(), error })?;
         let generation = state.as_ref().map_or(0, |s| s.generation);
         if let Some(s) = &mut state {
             s.generation = 0;
@@ -1474,6 +1509,45 @@ mod tests {
         assert_eq!(o.config.tenants[1].spec.weight(), 7.0);
         assert!(o.notes.iter().any(|n| n.contains("tenant a: the configuration file changed it")), "{:?}", o.notes);
         assert_eq!(diff(&edited, &o.config, None).tenants.len(), 1);
+    }
+
+    /// Each refusal of a state file or its journal is its [`StateFileError`] variant inside
+    /// [`StateError::Corrupt`] naming the file; the messages are those of the `String` error (strings
+    /// checked against it).
+    #[test]
+    fn state_file_refusals_are_typed() {
+        let e = parse(b"{\"version\": 2}").unwrap_err();
+        assert!(matches!(e, StateFileError::Version { got: 2 }), "{e:?}");
+        assert_eq!(e.to_string(), "version 2 (this server reads version 1)");
+        let e = parse(b"{\"version\": 1, \"tenants\": 3}").unwrap_err();
+        assert!(matches!(e, StateFileError::Json(_)), "{e:?}");
+        assert_eq!(e.to_string(), "invalid type: integer `3`, expected a map at line 1 column 27");
+        let e = apply_journal(&mut None, b"{\"version\":1,\"tenants\":3}\n{\"version\":1}\n").unwrap_err();
+        assert!(matches!(e, StateFileError::JournalLine { line: 1, .. }), "{e:?}");
+        assert_eq!(e.to_string(), "line 1: invalid type: integer `3`, expected a map at line 1 column 24");
+        let e = apply_journal(&mut None, b"{\"version\":1}\n{\"version\":2}\n").unwrap_err();
+        assert!(matches!(e, StateFileError::JournalVersion { line: 2, got: 2 }), "{e:?}");
+        assert_eq!(e.to_string(), "line 2: version 2 (this server reads version 1)");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        std::fs::write(&path, "{\"version\": 2}").unwrap();
+        let e = load(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, StateError::Corrupt { path: p, error: StateFileError::Version { got: 2 } } if *p == path),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "state file {} is unusable: version 2 (this server reads version 1) (it holds the changes made \
+                 through the admin API; fix it, or move it away to start from the configuration file alone)",
+                path.display()
+            )
+        );
+        std::fs::write(&path, vec![b' '; 11]).unwrap();
+        let e = read_state_bytes(&path, 10).unwrap_err();
+        assert!(matches!(&e, StateError::Corrupt { error: StateFileError::TooLarge { max: 10 }, .. }), "{e:?}");
+        assert!(e.to_string().contains(" is unusable: larger than 10 bytes (it holds"), "{e}");
     }
 
     #[test]
