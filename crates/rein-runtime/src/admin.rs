@@ -297,17 +297,35 @@ fn weight_one() -> f64 {
 /// The body of `POST /api/tenants` decoded and its spec validated, as the endpoint does before
 /// [`Registry::add_tenant`] (which checks the name); the error is the 400 answer's message.
 /// [`crate::harness::admin_create`] fuzzes it.
-pub(crate) fn new_tenant(body: &[u8]) -> Result<(String, QosSpec), String> {
-    let t: NewTenant = serde_json::from_slice(body).map_err(|e| format!("bad JSON body: {e}"))?;
+pub(crate) fn new_tenant(body: &[u8]) -> Result<(String, QosSpec), BodyError> {
+    let t: NewTenant = serde_json::from_slice(body).map_err(BodyError::Json)?;
     let spec = QosSpec::new(t.reservation, t.limit, t.weight, t.idle_credit)
-        .map_err(|e| format!("invalid spec for {}: {e}", t.name))?;
+        .map_err(|error| BodyError::Spec { name: t.name.clone(), error })?;
     Ok((t.name, spec))
+}
+
+/// Why the body of `POST /api/tenants` or `POST /api/exports` is refused before the registry sees it: the
+/// 400 answer's message.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    /// Not JSON of the route's schema (an unknown field, a wrong type, a missing name).
+    #[error("bad JSON body: {0}")]
+    Json(#[source] serde_json::Error),
+    /// A tenant's spec is refused (reservation above limit, a weight not positive, ...).
+    #[error("invalid spec for {name}: {error}")]
+    Spec {
+        /// The tenant's name.
+        name: String,
+        /// Why the spec is refused.
+        #[source]
+        error: rein_core::SpecError,
+    },
 }
 
 async fn create_tenant(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
     let (name, spec) = match new_tenant(&body) {
         Ok(t) => t,
-        Err(e) => return err(StatusCode::BAD_REQUEST, e),
+        Err(e) => return err(StatusCode::BAD_REQUEST, e.to_string()),
     };
     match s.registry.add_tenant(&name, spec).await {
         Ok(warning) => (StatusCode::CREATED, spec_answer(&name, spec, warning)).into_response(),
@@ -350,9 +368,9 @@ async fn list_exports(State(s): State<AdminState>) -> Response {
 /// The body of `POST /api/exports` decoded, as the endpoint does before [`Registry::add_export`] (which
 /// validates it with [`ExportJson::to_config`]); the error is the 400 answer's message.
 /// [`crate::harness::admin_create`] fuzzes it.
-pub(crate) fn new_export(body: &[u8]) -> Result<ExportJson, String> {
+pub(crate) fn new_export(body: &[u8]) -> Result<ExportJson, BodyError> {
     // The same fields and defaults as an `[[exports]]` entry of rein.toml.
-    let n: crate::config::ExportFile = serde_json::from_slice(body).map_err(|e| format!("bad JSON body: {e}"))?;
+    let n: crate::config::ExportFile = serde_json::from_slice(body).map_err(BodyError::Json)?;
     Ok(ExportJson {
         tenant: n.tenant.unwrap_or_else(|| n.name.clone()),
         name: n.name,
@@ -370,7 +388,7 @@ pub(crate) fn new_export(body: &[u8]) -> Result<ExportJson, String> {
 async fn create_export(State(s): State<AdminState>, body: axum::body::Bytes) -> Response {
     let j = match new_export(&body) {
         Ok(j) => j,
-        Err(e) => return err(StatusCode::BAD_REQUEST, e),
+        Err(e) => return err(StatusCode::BAD_REQUEST, e.to_string()),
     };
     match s.registry.add_export(j).await {
         Ok(()) => (StatusCode::CREATED, Json(serde_json::json!({ "created": true }))).into_response(),
@@ -555,6 +573,21 @@ pub(crate) fn histogram(o: &mut String, metric: &str, labels: &str, buckets: &[u
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A refused body is its [`BodyError`] variant (the spec's error, or serde's, as its source); the 400
+    /// answer's message is the `String` error's (strings checked against it).
+    #[test]
+    fn body_refusals_are_typed() {
+        let e = new_tenant(br#"{"name": "a", "reservation": 500, "limit": 100}"#).unwrap_err();
+        assert!(matches!(&e, BodyError::Spec { name, .. } if name == "a"), "{e:?}");
+        assert_eq!(e.to_string(), "invalid spec for a: reservation 500 exceeds limit 100");
+        let e = new_tenant(br#"{"name": "a", "colour": 1}"#).unwrap_err();
+        assert!(matches!(e, BodyError::Json(_)), "{e:?}");
+        assert!(e.to_string().starts_with("bad JSON body: unknown field `colour`"), "{e}");
+        let e = new_export(b"{").unwrap_err();
+        assert!(matches!(e, BodyError::Json(_)), "{e:?}");
+        assert_eq!(e.to_string(), "bad JSON body: EOF while parsing an object at line 1 column 1");
+    }
 
     /// One series per worker thread, counting up while the worker runs tasks.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

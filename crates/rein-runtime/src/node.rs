@@ -82,13 +82,26 @@ impl std::fmt::Debug for NodeService {
 
 /// The spec a hello tenant asks of this node (module comment: the local reservation replaces the global
 /// one when set). Errors name the tenant.
-pub fn asked_spec(t: &NodeTenant) -> Result<QosSpec, String> {
+pub fn asked_spec(t: &NodeTenant) -> Result<QosSpec, AskedSpecError> {
     let (reservation, limit) = if t.local_reservation > 0.0 {
         (t.local_reservation, t.limit.map(|l| l.max(t.local_reservation)))
     } else {
         (t.reservation, t.limit)
     };
-    QosSpec::new(reservation, limit, t.weight, t.idle_credit).map_err(|e| format!("tenant {:?}: {e}", t.name))
+    QosSpec::new(reservation, limit, t.weight, t.idle_credit)
+        .map_err(|error| AskedSpecError { tenant: t.name.clone(), error })
+}
+
+/// A hello tenant's spec that no scheduler takes ([`asked_spec`]): the tenant and why; the hello's refusal
+/// message.
+#[derive(Debug, thiserror::Error)]
+#[error("tenant {tenant:?}: {error}")]
+pub struct AskedSpecError {
+    /// The tenant's name as the hello gives it.
+    pub tenant: String,
+    /// Why the spec is refused.
+    #[source]
+    pub error: rein_core::SpecError,
 }
 
 /// A boot identity: random (std's per-process hash keys, with the time and the process id), never 0.
@@ -155,8 +168,11 @@ impl NodeService {
                 format!("{addr}{who} may not use the storage-node protocol ([node] allow_networks/allow_identities)");
             return Err((REP_ERR_POLICY, msg));
         }
-        let asked: Vec<QosSpec> =
-            hello.tenants.iter().map(|t| asked_spec(t).map_err(|e| (REP_ERR_INVALID, e))).collect::<Result<_, _>>()?;
+        let asked: Vec<QosSpec> = hello
+            .tenants
+            .iter()
+            .map(|t| asked_spec(t).map_err(|e| (REP_ERR_INVALID, e.to_string())))
+            .collect::<Result<_, _>>()?;
         let mut tenants = Vec::with_capacity(hello.tenants.len());
         let mut answer = Vec::with_capacity(hello.tenants.len());
         let mut disagree = Vec::new();
@@ -437,7 +453,14 @@ mod tests {
             QosSpec::new(50.0, Some(50.0), 2.0, 1).unwrap()
         );
         assert_eq!(asked_spec(&tenant(100.0, None, 50.0)).unwrap(), QosSpec::new(50.0, None, 2.0, 1).unwrap());
-        let e = asked_spec(&tenant(100.0, Some(30.0), 0.0)).unwrap_err();
+        let e = asked_spec(&tenant(100.0, Some(30.0), 0.0)).unwrap_err().to_string();
         assert!(e.contains("tenant \"c\""), "{e}");
+        // Typed: the tenant and the spec's error, with the message the String error had.
+        let e = asked_spec(&tenant(100.0, Some(30.0), 0.0)).unwrap_err();
+        assert!(
+            matches!(&e, AskedSpecError { tenant, error: rein_core::SpecError::ReservationAboveLimit { .. } } if tenant == "c"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "tenant \"c\": reservation 100 exceeds limit 30");
     }
 }
