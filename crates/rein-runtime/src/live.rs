@@ -820,7 +820,9 @@ impl Registry {
         if eff.exports.len() >= MAX_EXPORTS {
             return Err(ChangeError::Conflict(format!("at most {MAX_EXPORTS} exports")));
         }
-        let cfg = j.to_config(&eff.data_dir, &eff.tenants, ExportOrigin::Admin).map_err(ChangeError::Invalid)?;
+        let cfg = j
+            .to_config(&eff.data_dir, &eff.tenants, ExportOrigin::Admin)
+            .map_err(|e| ChangeError::Invalid(e.to_string()))?;
         let id = self.id(&j.tenant)?;
         // Against the files the running exports have open (no `stat` per export: adding E exports one by
         // one stat'ed E^2 / 2 files).

@@ -296,15 +296,15 @@ impl ExportJson {
         data_dir: &Path,
         tenants: &[TenantConfig],
         origin: ExportOrigin,
-    ) -> Result<ExportConfig, String> {
+    ) -> Result<ExportConfig, ExportSpecError> {
         let strict_path = origin == ExportOrigin::Admin;
         let name = &self.name;
         if name.is_empty() || name.len() > 4096 {
-            return Err(format!("export name {name:?} is empty or longer than 4096 bytes"));
+            return Err(ExportSpecError::NameLength { name: name.clone() });
         }
         // Through the API: a name with a newline or an escape wrote lines of its own into the text log.
         if strict_path && name.chars().any(char::is_control) {
-            return Err(format!("export name {name:?} has a control character"));
+            return Err(ExportSpecError::NameControl { name: name.clone() });
         }
         // Without size_mb a memory export has the size rein.toml gives it; a file export must exist.
         let size_mb = match (self.size_mb, self.backend.as_str()) {
@@ -315,45 +315,32 @@ impl ExportJson {
         let size = size_mb
             .checked_mul(1 << 20)
             .filter(|&s| s <= crate::config::MAX_EXPORT_BYTES)
-            .ok_or_else(|| format!("export {name}: size_mb must be in 1..=2^30"))?;
-        crate::config::file_only_settings(name, &self.backend, self.direct, self.readahead)
-            .map_err(|e| e.to_string())?;
+            .ok_or_else(|| ExportSpecError::SizeMb { name: name.clone() })?;
+        crate::config::file_only_settings(name, &self.backend, self.direct, self.readahead)?;
         let backend = match self.backend.as_str() {
             "file" => {
                 let p = self.path.clone().unwrap_or_else(|| PathBuf::from(format!("{name}.img")));
                 if p.as_os_str().is_empty() {
-                    return Err(format!("export {name}: path is empty (omit it for {name}.img)"));
+                    return Err(ExportSpecError::EmptyPath { name: name.clone() });
                 }
                 if strict_path
                     && (p.is_absolute() || p.components().any(|c| !matches!(c, std::path::Component::Normal(_))))
                 {
-                    return Err(format!(
-                        "export {name}: path {} must be relative to the data directory, without ..",
-                        p.display()
-                    ));
+                    return Err(ExportSpecError::PathNotRelative { name: name.clone(), path: p });
                 }
                 let path = if strict_path { data_dir.join(p) } else { p };
                 // A directory that is not there (a name `y/z` makes the default path `y/z.img`) is the
                 // request's fault: a bad request, not the failed open (500) it was.
                 if strict_path && path.parent().is_some_and(|d| !d.is_dir()) && data_dir.is_dir() {
-                    return Err(format!(
-                        "export {name}: the directory of {} does not exist in the data directory",
-                        path.display()
-                    ));
+                    return Err(ExportSpecError::NoDirectory { name: name.clone(), path });
                 }
                 // As at start (`FileStorage::open_with`), said as a bad request rather than a failed open;
                 // a state file's entry fails at its open, naming the export, rather than being dropped.
                 if strict_path && self.read_only && !path.exists() {
-                    return Err(format!(
-                        "export {name}: {} does not exist (a read-only export is not created)",
-                        path.display()
-                    ));
+                    return Err(ExportSpecError::ReadOnlyMissing { name: name.clone(), path });
                 }
                 if self.size_mb.is_none() && !path.exists() {
-                    return Err(format!(
-                        "export {name}: {} does not exist (give size_mb to create it)",
-                        path.display()
-                    ));
+                    return Err(ExportSpecError::MissingWithoutSize { name: name.clone(), path });
                 }
                 BackendKind::File { path }
             }
@@ -365,25 +352,21 @@ impl ExportJson {
                     .flatten()
                     .filter(|&ram| size > ram)
                 {
-                    return Err(format!(
-                        "export {name}: a memory export of {size_mb} MiB is larger than this machine's RAM ({} MiB)",
-                        ram >> 20
-                    ));
+                    return Err(ExportSpecError::AboveRam { name: name.clone(), size_mb, ram_mb: ram >> 20 });
                 }
                 BackendKind::Memory
             }
-            o => return Err(format!("export {name}: backend {o:?}: expected file or memory")),
+            o => return Err(ExportSpecError::Backend { name: name.clone(), got: o.to_string() }),
         };
         if size == 0 && self.size_mb.is_some() {
-            return Err(format!("export {name}: size_mb must be in 1..=2^30"));
+            return Err(ExportSpecError::SizeMb { name: name.clone() });
         }
         let tenant = tenants
             .iter()
             .position(|t| t.name == self.tenant)
-            .ok_or_else(|| format!("export {name}: unknown tenant {:?}", self.tenant))?;
+            .ok_or_else(|| ExportSpecError::UnknownTenant { name: name.clone(), tenant: self.tenant.clone() })?;
         let size = (size > 0).then_some(size);
-        let access = crate::config::parse_access(name, &self.allow_networks, &self.allow_identities)
-            .map_err(|e| e.to_string())?;
+        let access = crate::config::parse_access(name, &self.allow_networks, &self.allow_identities)?;
         Ok(ExportConfig {
             name: name.clone(),
             backend,
@@ -395,6 +378,97 @@ impl ExportJson {
             access,
         })
     }
+}
+
+/// Why an export of the admin API or the state file ([`ExportJson::to_config`]) is refused: the export and
+/// what is wrong, once.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportSpecError {
+    /// A name empty or longer than 4,096 bytes.
+    #[error("export name {name:?} is empty or longer than 4096 bytes")]
+    NameLength {
+        /// The name given.
+        name: String,
+    },
+    /// A name with a control character (through the API: it would write lines of its own into the log).
+    #[error("export name {name:?} has a control character")]
+    NameControl {
+        /// The name given.
+        name: String,
+    },
+    /// `size_mb` 0 or beyond 2^30.
+    #[error("export {name}: size_mb must be in 1..=2^30")]
+    SizeMb {
+        /// The export.
+        name: String,
+    },
+    /// A setting only a file export takes, or an access list, refused (the message names the export).
+    #[error(transparent)]
+    Setting(#[from] crate::config::SettingError),
+    /// `path` given empty.
+    #[error("export {name}: path is empty (omit it for {name}.img)")]
+    EmptyPath {
+        /// The export.
+        name: String,
+    },
+    /// Through the API: a path absolute or with `..`.
+    #[error("export {name}: path {} must be relative to the data directory, without ..", path.display())]
+    PathNotRelative {
+        /// The export.
+        name: String,
+        /// The path given.
+        path: PathBuf,
+    },
+    /// Through the API: the path's directory is not in the data directory.
+    #[error("export {name}: the directory of {} does not exist in the data directory", path.display())]
+    NoDirectory {
+        /// The export.
+        name: String,
+        /// The path, joined to the data directory.
+        path: PathBuf,
+    },
+    /// Through the API: a read-only export of a file that is not there (it is not created).
+    #[error("export {name}: {} does not exist (a read-only export is not created)", path.display())]
+    ReadOnlyMissing {
+        /// The export.
+        name: String,
+        /// The file.
+        path: PathBuf,
+    },
+    /// A file that is not there, without `size_mb` to create it.
+    #[error("export {name}: {} does not exist (give size_mb to create it)", path.display())]
+    MissingWithoutSize {
+        /// The export.
+        name: String,
+        /// The file.
+        path: PathBuf,
+    },
+    /// Through the API: a memory export larger than the machine's RAM.
+    #[error("export {name}: a memory export of {size_mb} MiB is larger than this machine's RAM ({ram_mb} MiB)")]
+    AboveRam {
+        /// The export.
+        name: String,
+        /// Its size.
+        size_mb: u64,
+        /// The machine's RAM (MemTotal).
+        ram_mb: u64,
+    },
+    /// A backend other than file or memory.
+    #[error("export {name}: backend {got:?}: expected file or memory")]
+    Backend {
+        /// The export.
+        name: String,
+        /// The backend given.
+        got: String,
+    },
+    /// A tenant the server does not have.
+    #[error("export {name}: unknown tenant {tenant:?}")]
+    UnknownTenant {
+        /// The export.
+        name: String,
+        /// The tenant given.
+        tenant: String,
+    },
 }
 
 /// A tenant's run-time change.
@@ -1877,24 +1951,64 @@ mod tests {
     fn admin_exports_stay_in_the_data_directory() {
         let base = cfg(BASE);
         let j = |p: &str| file_export(Some(p));
-        let e = j("").to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();
+        let e = j("").to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err().to_string();
         assert!(e.contains("path is empty"), "{e}");
         for p in ["/etc/passwd", "../x.img", "a/../../x.img"] {
-            let e = j(p).to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();
+            let e = j(p).to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err().to_string();
             assert!(e.contains("must be relative"), "{e}");
         }
         let e =
             ExportJson { size_mb: None, ..j("nope.img") }.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin);
-        assert!(e.unwrap_err().contains("give size_mb to create it"));
+        assert!(e.unwrap_err().to_string().contains("give size_mb to create it"));
         // A memory export without size_mb: the default of rein.toml (it needed size_mb).
         let mem = ExportJson { backend: "memory".into(), path: None, size_mb: None, ..j("x") };
         let e = mem.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap();
         assert_eq!(e.size, Some(crate::config::DEFAULT_MEMORY_MB << 20));
         let e = ExportJson { size_mb: Some(0), ..mem }.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin);
-        assert!(e.unwrap_err().contains("size_mb must be in 1..=2^30"));
+        assert!(e.unwrap_err().to_string().contains("size_mb must be in 1..=2^30"));
         // A memory export larger than the machine: refused, not an abort (1 PiB is the largest size).
         let huge = ExportJson { backend: "memory".into(), path: None, size_mb: Some(1 << 30), ..j("x") };
-        let e = huge.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err();
+        let e = huge.to_config(&base.data_dir, &base.tenants, ExportOrigin::Admin).unwrap_err().to_string();
         assert!(e.contains("larger than this machine's RAM"), "{e}");
+    }
+
+    /// Each refusal of an export is its [`ExportSpecError`] variant, carrying the export and the value;
+    /// the messages are those of the `String` error (strings checked against it).
+    #[test]
+    fn export_refusals_are_typed() {
+        let base = cfg(BASE);
+        let (dir, tenants) = (&base.data_dir, &base.tenants);
+        let admin = |j: ExportJson| j.to_config(dir, tenants, ExportOrigin::Admin).unwrap_err();
+        let j = |p: &str| file_export(Some(p));
+        let e = admin(j("../x.img"));
+        assert!(matches!(&e, ExportSpecError::PathNotRelative { path, .. } if path == Path::new("../x.img")), "{e:?}");
+        let name = j("x").name;
+        assert_eq!(
+            e.to_string(),
+            format!("export {name}: path ../x.img must be relative to the data directory, without ..")
+        );
+        let e = admin(ExportJson { name: String::new(), ..j("x.img") });
+        assert!(matches!(&e, ExportSpecError::NameLength { name } if name.is_empty()), "{e:?}");
+        assert_eq!(e.to_string(), "export name \"\" is empty or longer than 4096 bytes");
+        let e = admin(ExportJson { name: "a\nb".into(), ..j("x.img") });
+        assert!(matches!(&e, ExportSpecError::NameControl { .. }), "{e:?}");
+        assert_eq!(e.to_string(), "export name \"a\\nb\" has a control character");
+        let e = admin(ExportJson { backend: "tape".into(), ..j("x.img") });
+        assert!(matches!(&e, ExportSpecError::Backend { got, .. } if got == "tape"), "{e:?}");
+        assert_eq!(e.to_string(), format!("export {name}: backend \"tape\": expected file or memory"));
+        let e = admin(ExportJson { tenant: "nobody".into(), ..j("x.img") });
+        assert!(matches!(&e, ExportSpecError::UnknownTenant { tenant, .. } if tenant == "nobody"), "{e:?}");
+        assert_eq!(e.to_string(), format!("export {name}: unknown tenant \"nobody\""));
+        let e = admin(ExportJson { size_mb: Some(0), ..j("x.img") });
+        assert!(matches!(&e, ExportSpecError::SizeMb { .. }), "{e:?}");
+        let e = admin(ExportJson { size_mb: None, ..j("nope.img") });
+        assert!(matches!(&e, ExportSpecError::MissingWithoutSize { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("export {name}: {} does not exist (give size_mb to create it)", dir.join("nope.img").display())
+        );
+        let e = admin(ExportJson { backend: "memory".into(), path: None, direct: true, ..j("x") });
+        assert!(matches!(&e, ExportSpecError::Setting(_)), "{e:?}");
+        assert_eq!(e.to_string(), "export x: direct = true needs backend = \"file\"");
     }
 }
