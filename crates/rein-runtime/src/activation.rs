@@ -193,7 +193,8 @@ pub fn from_env(daemon: &str, roles: &[Role]) -> Result<Passed, String> {
         var("LISTEN_PID").as_deref(),
         var("LISTEN_FDNAMES").as_deref(),
         std::process::id(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     if listed.is_empty() {
         return Ok(Passed::none());
     }
@@ -248,30 +249,24 @@ pub(crate) fn listed(
     pid: Option<&str>,
     names: Option<&str>,
     me: u32,
-) -> Result<Vec<(RawFd, String)>, String> {
+) -> Result<Vec<(RawFd, String)>, ListenEnvError> {
     let Some(fds) = fds else { return Ok(Vec::new()) };
-    let count: u32 = fds.trim().parse().map_err(|_| format!("LISTEN_FDS={fds:?} is not a number of descriptors"))?;
+    let count: u32 = fds.trim().parse().map_err(|_| ListenEnvError::FdsNotNumber { text: fds.to_string() })?;
     if count == 0 {
         return Ok(Vec::new());
     }
     // A daemon takes a few sockets (its roles); a count beyond this is a mistake, and taken at its word
     // it would make a list (and a check of each descriptor) as long as any number.
     if count > MAX_PASSED {
-        return Err(format!("LISTEN_FDS={count}: more sockets than a daemon takes (at most {MAX_PASSED})"));
+        return Err(ListenEnvError::TooMany { count });
     }
     let last = count as RawFd + FIRST_FD - 1;
-    let for_me = "the sockets are passed to the process that LISTEN_PID names; a wrapper must exec the daemon \
-                  (not start it as a child) or unset LISTEN_FDS";
     match pid {
-        None => return Err(format!("LISTEN_FDS={count} is set without LISTEN_PID: {for_me}")),
+        None => return Err(ListenEnvError::NoPid { count }),
         Some(p) => match p.trim().parse::<u32>() {
             Ok(p) if p == me => {}
-            Ok(p) => {
-                return Err(format!(
-                    "LISTEN_FDS={count} is for process {p} (LISTEN_PID), not this one ({me}): {for_me}"
-                ))
-            }
-            Err(_) => return Err(format!("LISTEN_PID={p:?} is not a process id")),
+            Ok(p) => return Err(ListenEnvError::OtherProcess { count, pid: p, me }),
+            Err(_) => return Err(ListenEnvError::PidNotNumber { text: p.to_string() }),
         },
     }
     let names: Vec<String> = match names {
@@ -279,13 +274,64 @@ pub(crate) fn listed(
         Some(n) => n.split(':').map(str::to_string).collect(),
     };
     if names.len() != count as usize {
-        return Err(format!(
-            "LISTEN_FDNAMES={:?} names {} sockets, LISTEN_FDS passes {count}",
-            names.join(":"),
-            names.len()
-        ));
+        return Err(ListenEnvError::NameCount { names: names.join(":"), named: names.len(), count });
     }
     Ok((FIRST_FD..=last).zip(names).collect())
+}
+
+/// What [`ListenEnvError::NoPid`] and [`ListenEnvError::OtherProcess`] add: how the variables reach the
+/// daemon.
+const FOR_ME: &str = "the sockets are passed to the process that LISTEN_PID names; a wrapper must exec the daemon \
+                      (not start it as a child) or unset LISTEN_FDS";
+
+/// Why `$LISTEN_FDS`, `$LISTEN_PID` and `$LISTEN_FDNAMES` pass no sockets this process can take ([`listed`]):
+/// the variable and its value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ListenEnvError {
+    /// `LISTEN_FDS` is not a number.
+    #[error("LISTEN_FDS={text:?} is not a number of descriptors")]
+    FdsNotNumber {
+        /// The value.
+        text: String,
+    },
+    /// More than [`MAX_PASSED`] descriptors.
+    #[error("LISTEN_FDS={count}: more sockets than a daemon takes (at most {MAX_PASSED})")]
+    TooMany {
+        /// `LISTEN_FDS`.
+        count: u32,
+    },
+    /// `LISTEN_FDS` without `LISTEN_PID`.
+    #[error("LISTEN_FDS={count} is set without LISTEN_PID: {FOR_ME}")]
+    NoPid {
+        /// `LISTEN_FDS`.
+        count: u32,
+    },
+    /// `LISTEN_PID` names another process (a wrapper started the daemon as its child).
+    #[error("LISTEN_FDS={count} is for process {pid} (LISTEN_PID), not this one ({me}): {FOR_ME}")]
+    OtherProcess {
+        /// `LISTEN_FDS`.
+        count: u32,
+        /// `LISTEN_PID`.
+        pid: u32,
+        /// This process's id.
+        me: u32,
+    },
+    /// `LISTEN_PID` is not a number.
+    #[error("LISTEN_PID={text:?} is not a process id")]
+    PidNotNumber {
+        /// The value.
+        text: String,
+    },
+    /// `LISTEN_FDNAMES` names another number of sockets than `LISTEN_FDS` passes.
+    #[error("LISTEN_FDNAMES={names:?} names {named} sockets, LISTEN_FDS passes {count}")]
+    NameCount {
+        /// `LISTEN_FDNAMES`.
+        names: String,
+        /// The names it gives.
+        named: usize,
+        /// `LISTEN_FDS`.
+        count: u32,
+    },
 }
 
 /// Whether `name` is no name: none given, sd_listen_fds_with_names(3)'s `unknown`, or systemd's
@@ -419,26 +465,55 @@ mod tests {
             listed(Some("2"), Some("7"), Some("nbd:admin"), 7).unwrap(),
             vec![(3, "nbd".to_string()), (4, "admin".to_string())]
         );
-        let e = listed(Some("1"), None, None, 7).unwrap_err();
+        let e = listed(Some("1"), None, None, 7).unwrap_err().to_string();
         assert!(e.starts_with("LISTEN_FDS=1 is set without LISTEN_PID: ") && e.contains("exec the daemon"), "{e}");
-        let e = listed(Some("1"), Some("8"), None, 7).unwrap_err();
+        let e = listed(Some("1"), Some("8"), None, 7).unwrap_err().to_string();
         assert!(e.starts_with("LISTEN_FDS=1 is for process 8 (LISTEN_PID), not this one (7): "), "{e}");
         assert_eq!(
-            listed(Some("x"), Some("7"), None, 7).unwrap_err(),
+            listed(Some("x"), Some("7"), None, 7).unwrap_err().to_string(),
             "LISTEN_FDS=\"x\" is not a number of descriptors"
         );
-        assert_eq!(listed(Some("1"), Some("me"), None, 7).unwrap_err(), "LISTEN_PID=\"me\" is not a process id");
         assert_eq!(
-            listed(Some("2"), Some("7"), Some("nbd"), 7).unwrap_err(),
+            listed(Some("1"), Some("me"), None, 7).unwrap_err().to_string(),
+            "LISTEN_PID=\"me\" is not a process id"
+        );
+        assert_eq!(
+            listed(Some("2"), Some("7"), Some("nbd"), 7).unwrap_err().to_string(),
             "LISTEN_FDNAMES=\"nbd\" names 1 sockets, LISTEN_FDS passes 2"
         );
-        assert!(listed(Some("4294967295"), Some("7"), None, 7).unwrap_err().contains("more sockets"));
+        assert!(listed(Some("4294967295"), Some("7"), None, 7).unwrap_err().to_string().contains("more sockets"));
         // At the bound and past it (a billion unnamed sockets once allocated a name for each: 32 GB).
         assert_eq!(listed(Some("1024"), Some("7"), None, 7).unwrap().len(), 1024);
         assert_eq!(
-            listed(Some("1025"), Some("7"), None, 7).unwrap_err(),
+            listed(Some("1025"), Some("7"), None, 7).unwrap_err().to_string(),
             "LISTEN_FDS=1025: more sockets than a daemon takes (at most 1024)"
         );
+    }
+
+    /// Each refusal of the variables is its [`ListenEnvError`] variant, carrying the values; the messages
+    /// are those of the `String` error (strings checked against it).
+    #[test]
+    fn environment_refusals_are_typed() {
+        use ListenEnvError as E;
+        assert_eq!(listed(Some("x"), Some("7"), None, 7), Err(E::FdsNotNumber { text: "x".into() }));
+        assert_eq!(listed(Some("1025"), Some("7"), None, 7), Err(E::TooMany { count: 1025 }));
+        assert_eq!(listed(Some("1"), Some("me"), None, 7), Err(E::PidNotNumber { text: "me".into() }));
+        let e = listed(Some("1"), None, None, 7).unwrap_err();
+        assert_eq!(e, E::NoPid { count: 1 });
+        assert_eq!(
+            e.to_string(),
+            "LISTEN_FDS=1 is set without LISTEN_PID: the sockets are passed to the process that LISTEN_PID names; a \
+             wrapper must exec the daemon (not start it as a child) or unset LISTEN_FDS"
+        );
+        let e = listed(Some("1"), Some("8"), None, 7).unwrap_err();
+        assert_eq!(e, E::OtherProcess { count: 1, pid: 8, me: 7 });
+        assert_eq!(
+            e.to_string(),
+            "LISTEN_FDS=1 is for process 8 (LISTEN_PID), not this one (7): the sockets are passed to the process \
+             that LISTEN_PID names; a wrapper must exec the daemon (not start it as a child) or unset LISTEN_FDS"
+        );
+        let e = listed(Some("2"), Some("7"), Some("nbd"), 7).unwrap_err();
+        assert_eq!(e, E::NameCount { names: "nbd".into(), named: 1, count: 2 });
     }
 
     fn tcp() -> OwnedFd {

@@ -396,7 +396,7 @@ pub fn listen_env(data: &[u8]) {
                 assert_eq!(name, want, "descriptor {fd}'s name");
             }
         }
-        Err(e) => assert!(e.starts_with("LISTEN_"), "a refusal that does not name the variable: {e}"),
+        Err(e) => assert!(e.to_string().starts_with("LISTEN_"), "a refusal that does not name the variable: {e}"),
     }
 }
 
