@@ -415,13 +415,15 @@ impl HostPoller {
         if samples.is_empty() {
             return None;
         }
-        let intervals = sc.duration.0.div_ceil(sc.interval.0) as usize;
+        let intervals = rein_model::recorder::intervals(sc.duration, sc.interval);
+        // A host per scenario host: the scenario's validation holds them within the bound.
         let mut rec = rein_model::report::hosts::HostRecorder::new(
             samples.len(),
             sc.interval,
             intervals,
             rein_model::recorder::MAX_CELLS,
-        )?;
+        )
+        .ok()?;
         let half = sc.interval.0 / 2;
         for (h, (offset, s)) in samples.iter().enumerate() {
             for w in s.windows(2) {

@@ -71,6 +71,27 @@ pub struct TooManyCells {
     pub intervals: usize,
 }
 
+impl TooManyCells {
+    /// Whether `tenants` and `servers` over `intervals` fit within [`MAX_CELLS`]; counts the cells, does
+    /// not allocate them ([`Recorder::new`] allocates what this allows; a scenario's validation calls it
+    /// first, so a file asking for more is refused when it is loaded).
+    pub fn check(tenants: usize, servers: usize, intervals: usize) -> Result<(), TooManyCells> {
+        let fits = intervals.checked_mul(tenants.saturating_add(servers)).is_some_and(|c| c <= MAX_CELLS);
+        if fits {
+            Ok(())
+        } else {
+            Err(TooManyCells { tenants, servers, intervals })
+        }
+    }
+}
+
+/// The timeseries intervals of a run of `duration` in steps of `interval` (positive): the last may be
+/// partial, and there is at least one. What [`Recorder::new`] (and the hosts' recorder) keep cells for.
+pub fn intervals(duration: Nanos, interval: Nanos) -> usize {
+    assert!(interval > Nanos::ZERO, "a positive interval");
+    (duration.0.div_ceil(interval.0) as usize).max(1)
+}
+
 /// A tenant's bytes and completions by phase after the warm-up (module comment): with its histogram, its
 /// totals.
 #[derive(Debug, Clone, Copy, Default)]
@@ -156,11 +177,10 @@ impl Recorder {
         interval: Nanos,
         warmup: Nanos,
     ) -> Result<Recorder, TooManyCells> {
-        assert!(interval > Nanos::ZERO, "a positive interval");
-        let intervals = (duration.0.div_ceil(interval.0) as usize).max(1);
-        let too_many = TooManyCells { tenants, servers, intervals };
-        let cells = intervals.checked_mul(tenants).ok_or(too_many)?;
-        intervals.checked_mul(tenants.saturating_add(servers)).filter(|&c| c <= MAX_CELLS).ok_or(too_many)?;
+        let intervals = intervals(duration, interval);
+        TooManyCells::check(tenants, servers, intervals)?;
+        // Within MAX_CELLS (checked just above), so no overflow.
+        let cells = intervals * tenants;
         Ok(Recorder {
             pending: Pending { starts: vec![0; tenants + 1], ..Pending::default() },
             interval: interval.0,
@@ -773,5 +793,14 @@ mod tests {
         let e = Recorder::new(1, 1024, Nanos::from_secs(1000), Nanos::from_millis(1), Nanos::ZERO).unwrap_err();
         assert!(e.to_string().contains("(1 tenants + 1024 servers) x 1000000 intervals"), "{e}");
         assert!(Recorder::new(1, 1, Nanos::from_secs(1000), Nanos::from_millis(1), Nanos::ZERO).is_ok());
+        // The check alone, at the edge (what a scenario's validation asks, allocating nothing).
+        assert_eq!(TooManyCells::check(49, 1, 1_000_000), Ok(()));
+        assert_eq!(
+            TooManyCells::check(50, 1, 1_000_000),
+            Err(TooManyCells { tenants: 50, servers: 1, intervals: 1_000_000 })
+        );
+        assert!(TooManyCells::check(usize::MAX, 1, 2).is_err(), "an overflowing product is refused");
+        assert_eq!(intervals(Nanos::from_secs(10), Nanos::from_secs(3)), 4);
+        assert_eq!(intervals(Nanos::ZERO, Nanos::from_secs(3)), 1);
     }
 }

@@ -58,12 +58,43 @@ pub struct HostRecorder {
     set: Vec<bool>,
 }
 
+/// The hosts' recorder was asked for more than its bound of timeseries cells (hosts x intervals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{hosts} hosts x {intervals} intervals exceeds {max} host timeseries cells: raise interval_s")]
+pub struct TooManyHostCells {
+    /// Hosts asked for.
+    pub hosts: usize,
+    /// Intervals asked for.
+    pub intervals: usize,
+    /// The bound (a run's is [`crate::recorder::MAX_CELLS`]).
+    pub max: usize,
+}
+
+impl TooManyHostCells {
+    /// Whether `hosts` over `intervals` fit within `max` cells; counts the cells, does not allocate them
+    /// ([`HostRecorder::new`] allocates what this allows; a scenario's validation calls it first).
+    pub fn check(hosts: usize, intervals: usize, max: usize) -> Result<(), TooManyHostCells> {
+        if intervals.checked_mul(hosts).is_some_and(|c| c <= max) {
+            Ok(())
+        } else {
+            Err(TooManyHostCells { hosts, intervals, max })
+        }
+    }
+}
+
 impl HostRecorder {
-    /// A recorder for `hosts` hosts over `intervals` intervals of `interval`; `None` if the cells would
-    /// exceed `max_cells`.
-    pub fn new(hosts: usize, interval: Nanos, intervals: usize, max_cells: usize) -> Option<HostRecorder> {
-        let cells = intervals.checked_mul(hosts).filter(|&c| c <= max_cells)?;
-        Some(HostRecorder {
+    /// A recorder for `hosts` hosts over `intervals` intervals of `interval`; refused if the cells would
+    /// exceed `max_cells` ([`TooManyHostCells::check`]).
+    pub fn new(
+        hosts: usize,
+        interval: Nanos,
+        intervals: usize,
+        max_cells: usize,
+    ) -> Result<HostRecorder, TooManyHostCells> {
+        TooManyHostCells::check(hosts, intervals, max_cells)?;
+        // Within max_cells (checked just above), so no overflow.
+        let cells = intervals * hosts;
+        Ok(HostRecorder {
             interval: interval.0,
             intervals,
             cells: vec![HostCell::default(); cells],
@@ -438,6 +469,20 @@ mod tests {
 
     /// The cluster's window and beta are sums over the same hosts: the PARDA ones. A host without PARDA
     /// (window 32, beta 5 as recorded) adds to neither; on its own it reports both.
+    #[test]
+    fn the_host_cell_bound_holds_at_its_edge() {
+        let max = crate::recorder::MAX_CELLS;
+        assert_eq!(TooManyHostCells::check(50, 1_000_000, max), Ok(()));
+        let e = TooManyHostCells::check(51, 1_000_000, max).unwrap_err();
+        assert_eq!(e, TooManyHostCells { hosts: 51, intervals: 1_000_000, max });
+        assert_eq!(
+            e.to_string(),
+            "51 hosts x 1000000 intervals exceeds 50000000 host timeseries cells: raise interval_s"
+        );
+        assert!(TooManyHostCells::check(usize::MAX, 2, max).is_err(), "an overflowing product is refused");
+        assert_eq!(HostRecorder::new(11, Nanos::from_secs(1), 100, 1000).unwrap_err().hosts, 11);
+    }
+
     #[test]
     fn the_clusters_window_and_beta_sum_the_parda_hosts() {
         let mut r = HostRecorder::new(3, Nanos::from_secs(1), 10, 1000).unwrap();

@@ -93,12 +93,14 @@ pub enum SetupError {
         /// The scheduler's error.
         error: rein_core::SchedError,
     },
-    /// The timeseries would exceed the recorder's bound.
+    /// The timeseries would exceed the recorder's bound. Validation refuses such a file
+    /// ([`crate::model::ModelError::Timeseries`]); a scenario changed since meets it here.
     #[error("{0}")]
     Recorder(rein_model::recorder::TooManyCells),
-    /// The hosts' timeseries would exceed the recorder's bound.
-    #[error("hosts x intervals exceeds the timeseries bound: raise interval_s")]
-    HostSeries,
+    /// The hosts' timeseries would exceed the recorder's bound. Validation refuses such a file
+    /// ([`crate::model::ModelError::HostTimeseries`]); a scenario changed since meets it here.
+    #[error("{0}")]
+    HostSeries(rein_model::report::hosts::TooManyHostCells),
     /// rein-core refuses a PARDA host.
     #[error("host {host}: {error}")]
     Host {
@@ -199,6 +201,9 @@ pub fn run(sc: &Scenario, progress: &mut dyn FnMut(Nanos)) -> Result<Recording, 
 impl<'a> Sim<'a> {
     fn new(sc: &'a Scenario) -> Result<Sim<'a>, SimError> {
         let err = |e: SetupError| SimError::Setup(sc.label(), Box::new(e));
+        // First, before anything is built (validation refuses what this would: a changed scenario).
+        let rec = Recorder::new(sc.tenants.len(), sc.servers.len(), sc.duration, sc.interval, sc.warmup)
+            .map_err(|e| err(SetupError::Recorder(e)))?;
         // Every server's scheduler holds up to the scenario's tenant (or bucket) count.
         let limits = Limits { max_tenants: sc.tenants.len().max(1), ..Limits::default() };
         let mut servers = Vec::with_capacity(sc.servers.len());
@@ -246,8 +251,6 @@ impl<'a> Sim<'a> {
                 });
             }
         }
-        let rec = Recorder::new(sc.tenants.len(), sc.servers.len(), sc.duration, sc.interval, sc.warmup)
-            .map_err(|e| err(SetupError::Recorder(e)))?;
         let hosts = HostLayer::new(sc).map_err(err)?;
         let cluster = match &sc.pshift {
             Some(ps) => Some(Cluster::new(sc, ps).map_err(err)?),
@@ -756,18 +759,20 @@ mod tests {
         assert_eq!(offset_of!(super::TenantState, gen), 64, "the generator's hot line is line 1");
     }
 
-    /// A scenario the model accepts whose timeseries the recorder refuses: the error is typed, and names
-    /// the scenario once.
+    /// A scenario whose timeseries the recorder refuses: validation refuses such a file
+    /// (`model::check_timeseries`), so here one changed after it (its fields are public). The error is
+    /// typed, and names the scenario once.
     #[test]
     fn a_setup_error_is_typed() {
         use super::{SetupError, SimError};
         let mut text = String::from(
-            "name = \"big\"\nduration_s = 1000\ninterval_s = 0.001\n[[servers]]\nname = \"s\"\ncapacity_iops = 100\n",
+            "name = \"big\"\nduration_s = 1000\ninterval_s = 0.01\n[[servers]]\nname = \"s\"\ncapacity_iops = 100\n",
         );
         for i in 0..100 {
             text.push_str(&format!("[[tenants]]\nname = \"t{i}\"\n[tenants.workload]\nkind = \"closed\"\n"));
         }
-        let sc = crate::Scenario::from_toml(&text, None).unwrap();
+        let mut sc = crate::Scenario::from_toml(&text, None).unwrap();
+        sc.interval = rein_core::Nanos::from_millis(1);
         let e = super::run(&sc, &mut |_| {}).err().expect("refused");
         let SimError::Setup(scenario, setup) = &e else { panic!("not a setup error: {e}") };
         assert_eq!(scenario, "\"big\"");

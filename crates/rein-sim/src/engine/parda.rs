@@ -70,8 +70,11 @@ pub(crate) struct HostLayer {
 impl HostLayer {
     pub(crate) fn new(sc: &Scenario) -> Result<Option<HostLayer>, SetupError> {
         let Some(p) = &sc.parda else { return Ok(None) };
-        let intervals = sc.duration.0.div_ceil(sc.interval.0) as usize;
-        let rec = HostRecorder::new(sc.hosts.len(), sc.interval, intervals, MAX_CELLS).ok_or(SetupError::HostSeries)?;
+        // Validation refuses a file whose hosts exceed the bound (`model::check_timeseries`); this holds a
+        // scenario changed since (its fields are public) to it too, at no cost: the recorder checks anyway.
+        let intervals = rein_model::recorder::intervals(sc.duration, sc.interval);
+        let rec =
+            HostRecorder::new(sc.hosts.len(), sc.interval, intervals, MAX_CELLS).map_err(SetupError::HostSeries)?;
         let mut layer = HostLayer {
             aggregation: p.aggregation,
             delay: p.delay,

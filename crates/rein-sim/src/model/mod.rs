@@ -195,6 +195,28 @@ pub enum ModelError {
         /// [`MAX_TENANTS_X_SERVERS`].
         max: usize,
     },
+    /// The timeseries would keep more than [`rein_model::recorder::MAX_CELLS`] cells: (tenants + servers)
+    /// x intervals.
+    #[error("duration_s {} / interval_s {} = {} intervals: {cells}", Num(*.duration_s), Num(*.interval_s), .cells.intervals)]
+    Timeseries {
+        /// The cells asked for, and the bound's message.
+        cells: rein_model::recorder::TooManyCells,
+        /// `duration_s`.
+        duration_s: f64,
+        /// `interval_s`.
+        interval_s: f64,
+    },
+    /// The PARDA hosts' timeseries would keep more than [`rein_model::recorder::MAX_CELLS`] cells: hosts x
+    /// intervals.
+    #[error("duration_s {} / interval_s {} = {} intervals: {cells}", Num(*.duration_s), Num(*.interval_s), .cells.intervals)]
+    HostTimeseries {
+        /// The cells asked for, and the bound's message.
+        cells: rein_model::report::hosts::TooManyHostCells,
+        /// `duration_s`.
+        duration_s: f64,
+        /// `interval_s`.
+        interval_s: f64,
+    },
     /// The open loops would hold more than `max` requests on the network at once.
     #[error(
         "network.delay_ms {} x the open loops' rates: {} requests would be on the network at once (tenant {tenant}'s \
@@ -432,6 +454,35 @@ fn check_size(pairs: usize, tenants: usize, servers: usize) -> Result<(), ModelE
     Ok(())
 }
 
+/// The run keeps a timeseries cell per tenant and server per interval, and per PARDA host per interval,
+/// each set within [`rein_model::recorder::MAX_CELLS`]. Checked here, counting and not allocating, so a
+/// file asking for more is refused when it is loaded (`rein sim`, `rein cluster`), not once its run has
+/// built its servers and tenants (the recorders check again, for a scenario changed since). Every host
+/// has a VM and there is a server, so the hosts' cells are fewer than the tenants': the hosts' bound
+/// binds first only when both are exceeded, and is checked first so that its error names the hosts.
+fn check_timeseries(
+    duration: Nanos,
+    interval: Nanos,
+    tenants: usize,
+    servers: usize,
+    hosts: usize,
+) -> Result<(), ModelError> {
+    use rein_model::recorder::{intervals, TooManyCells, MAX_CELLS};
+    use rein_model::report::hosts::TooManyHostCells;
+    let intervals = intervals(duration, interval);
+    let (duration_s, interval_s) = (duration.as_secs_f64(), interval.as_secs_f64());
+    TooManyHostCells::check(hosts, intervals, MAX_CELLS).map_err(|cells| ModelError::HostTimeseries {
+        cells,
+        duration_s,
+        interval_s,
+    })?;
+    TooManyCells::check(tenants, servers, intervals).map_err(|cells| ModelError::Timeseries {
+        cells,
+        duration_s,
+        interval_s,
+    })
+}
+
 /// The token scheduler without a controller is plain round robin, and a pShift cluster runs the token
 /// scheduler whatever a server names: either would run something other than the file (or the command
 /// line's `--scheduler`, [`Scenario::with_scheduler`]) says.
@@ -595,6 +646,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, ModelEr
     let (parda, hosts) =
         parda::validate(file.parda.as_ref(), &file.hosts, &file.tenants, &mut tenants, &servers, duration)
             .map_err(|e| ModelError::Parda(Box::new(e)))?;
+    check_timeseries(duration, interval, tenants.len(), servers.len(), hosts.len())?;
     // pShift's buckets do not cross the network (the cluster layer drives them).
     if file.pshift.is_none() {
         check_network(Nanos::from_secs_f64(net / 1e3), &tenants)?;
@@ -669,6 +721,70 @@ mod tests {
             ScenarioError::Invalid { scenario, error } => (scenario, error),
             e => panic!("not a model error: {e}"),
         }
+    }
+
+    /// A scenario of `tenants` closed loops on one server over 1,000 s in 1 ms intervals (10^6 of them,
+    /// [`MAX_INTERVALS`]); with `hosts`, PARDA hosts, each with its share of the tenants as VMs.
+    fn at_a_million_intervals(tenants: usize, hosts: usize) -> String {
+        let mut s = String::from("name = \"m\"\nduration_s = 1000\ninterval_s = 0.001\n");
+        if hosts > 0 {
+            s.push_str("[parda]\nlatency_threshold_ms = 30\n");
+        }
+        s.push_str("[[servers]]\nname = \"s\"\ncapacity_iops = 100\n");
+        for h in 0..hosts {
+            s.push_str(&format!("[[hosts]]\nname = \"h{h}\"\n"));
+        }
+        for t in 0..tenants {
+            let host = if hosts > 0 { format!("host = \"h{}\"\n", t % hosts) } else { String::new() };
+            s.push_str(&format!("[[tenants]]\nname = \"t{t}\"\n{host}[tenants.workload]\nkind = \"closed\"\n"));
+        }
+        s
+    }
+
+    /// The run's timeseries keeps (tenants + servers) x intervals cells and its hosts' hosts x intervals,
+    /// each within [`rein_model::recorder::MAX_CELLS`]: a file asking for more is refused when it is
+    /// loaded, naming the numbers, not when its run sets up (after building its servers and tenants).
+    /// Validation counts the cells, it does not allocate them: the scenario at the bound loads at once.
+    #[test]
+    fn the_timeseries_cells_are_bounded_at_load() {
+        let max = rein_model::recorder::MAX_CELLS;
+        // (49 tenants + 1 server) x 10^6 intervals: exactly the bound.
+        let sc = Scenario::from_toml(&at_a_million_intervals(49, 0), None).unwrap();
+        assert_eq!(
+            (sc.tenants.len() + sc.servers.len()) * rein_model::recorder::intervals(sc.duration, sc.interval),
+            max
+        );
+        let e = Scenario::from_toml(&at_a_million_intervals(50, 0), None).unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Invalid { error: ModelError::Timeseries { cells, .. }, .. }
+                if cells.tenants == 50 && cells.servers == 1 && cells.intervals == 1_000_000),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "scenario \"m\": duration_s 1000 / interval_s 0.001 = 1000000 intervals: (50 tenants + 1 servers) x \
+                 1000000 intervals exceeds {max} timeseries cells: raise interval_s"
+            )
+        );
+        // 51 hosts (a VM each) x 10^6 intervals: the hosts' cells are named, though the tenants' exceed the
+        // bound too (every host has a VM, so hosts x intervals stays under the tenants' cells).
+        let e = Scenario::from_toml(&at_a_million_intervals(51, 51), None).unwrap_err();
+        assert!(
+            matches!(&e, ScenarioError::Invalid { error: ModelError::HostTimeseries { cells, .. }, .. }
+                if cells.hosts == 51 && cells.intervals == 1_000_000 && cells.max == max),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "scenario \"m\": duration_s 1000 / interval_s 0.001 = 1000000 intervals: 51 hosts x 1000000 \
+                 intervals exceeds {max} host timeseries cells: raise interval_s"
+            )
+        );
+        // 49 VMs on 7 hosts: within both bounds.
+        let sc = Scenario::from_toml(&at_a_million_intervals(49, 7), None).unwrap();
+        assert_eq!(sc.hosts.len(), 7);
     }
 
     #[test]
