@@ -110,7 +110,7 @@ pub fn in_flight_bound(t: &Tenant, duration: Nanos) -> u64 {
                 u64::from(*outstanding) * if *per_server { servers } else { 1 }
             }
             WorkloadKind::Open { iops } => (iops * secs).ceil() as u64,
-            WorkloadKind::OnOff { inner, .. } => kind_bound(inner, secs, servers),
+            WorkloadKind::OnOff { inner, .. } => kind_bound(&inner.kind(), secs, servers),
             WorkloadKind::Burst { count, period } => {
                 u64::from(*count) * ((secs / period.as_secs_f64().max(1e-9)).ceil() as u64 + 1)
             }

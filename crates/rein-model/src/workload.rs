@@ -88,8 +88,9 @@ pub enum WorkloadKind {
         on: Nanos,
         /// Length of an off period.
         off: Nanos,
-        /// What runs during on periods (open or closed).
-        inner: Box<WorkloadKind>,
+        /// What runs during on periods: an open or a closed loop, never another on_off (its type has no
+        /// such case).
+        inner: OnOffInner,
     },
     /// `count` requests at once every `period`.
     Burst {
@@ -109,15 +110,40 @@ pub enum WorkloadKind {
     },
 }
 
-impl WorkloadKind {
-    /// The kind that issues requests (the inner one of on_off).
-    pub fn inner(&self) -> &WorkloadKind {
+/// What an on_off workload runs in its on periods: an open or a closed loop. A type of its own, so an
+/// on_off inside an on_off (whose periods would mean nothing: the outer one toggles) cannot be built;
+/// it was a `Box<WorkloadKind>` that validation kept from holding one, and the generator panicked on it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OnOffInner {
+    /// [`WorkloadKind::Closed`].
+    Closed {
+        /// Requests kept in flight.
+        outstanding: u32,
+        /// Pause between a completion and its replacement.
+        think: Nanos,
+        /// The window is per server instead of one pool.
+        per_server: bool,
+    },
+    /// [`WorkloadKind::Open`].
+    Open {
+        /// Mean arrival rate (IOPS).
+        iops: f64,
+    },
+}
+
+impl OnOffInner {
+    /// The same loop as a workload of its own.
+    pub fn kind(self) -> WorkloadKind {
         match self {
-            WorkloadKind::OnOff { inner, .. } => inner,
-            k => k,
+            OnOffInner::Closed { outstanding, think, per_server } => {
+                WorkloadKind::Closed { outstanding, think, per_server }
+            }
+            OnOffInner::Open { iops } => WorkloadKind::Open { iops },
         }
     }
+}
 
+impl WorkloadKind {
     /// The kind's name as configuration files write it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -132,7 +158,7 @@ impl WorkloadKind {
     /// Whether requests arrive whatever the service (open, burst, trace; on_off by its inner kind): what
     /// the workload offers is then its demand. A closed loop's next request waits for a completion.
     pub fn open_loop(&self) -> bool {
-        !matches!(self.inner(), WorkloadKind::Closed { .. })
+        !matches!(self, WorkloadKind::Closed { .. } | WorkloadKind::OnOff { inner: OnOffInner::Closed { .. }, .. })
     }
 
     /// How many requests an open loop issues within `span` at most, about: what it can have on its way
@@ -143,9 +169,10 @@ impl WorkloadKind {
     pub fn issued_within(&self, span: Nanos) -> Option<f64> {
         let d = span.as_secs_f64();
         match self {
-            WorkloadKind::OnOff { inner, .. } => inner.issued_within(span),
-            WorkloadKind::Closed { .. } => None,
-            WorkloadKind::Open { iops } => Some(iops * d),
+            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { inner: OnOffInner::Closed { .. }, .. } => None,
+            WorkloadKind::Open { iops } | WorkloadKind::OnOff { inner: OnOffInner::Open { iops }, .. } => {
+                Some(iops * d)
+            }
             WorkloadKind::Burst { count, period } => {
                 Some(f64::from(*count) * (d / period.as_secs_f64().max(1e-9)).ceil())
             }
@@ -610,7 +637,7 @@ impl WorkloadParams {
         traces: &mut TraceCache,
     ) -> Result<WorkloadSpec, WorkloadError> {
         let kind_name = self.kind.as_str();
-        let closed = || -> Result<WorkloadKind, WorkloadError> {
+        let closed = || -> Result<OnOffInner, WorkloadError> {
             let outstanding = window(names.outstanding, self.outstanding.unwrap_or(DEFAULT_OUTSTANDING))?;
             let think = millis(names.think_ms, self.think_ms.unwrap_or(0.0))?;
             match self.outstanding_per_server {
@@ -619,19 +646,19 @@ impl WorkloadParams {
                      give one",
                     names.outstanding, names.outstanding_per_server, names.outstanding_per_server, names.outstanding
                 ))),
-                None => Ok(WorkloadKind::Closed { outstanding, think, per_server: false }),
-                Some(k) => Ok(WorkloadKind::Closed {
+                None => Ok(OnOffInner::Closed { outstanding, think, per_server: false }),
+                Some(k) => Ok(OnOffInner::Closed {
                     outstanding: window(names.outstanding_per_server, k)?,
                     think,
                     per_server: true,
                 }),
             }
         };
-        let open = || -> Result<WorkloadKind, WorkloadError> {
+        let open = || -> Result<OnOffInner, WorkloadError> {
             let iops = self.iops.ok_or_else(|| names.needs(kind_name, names.iops))?;
             let iops = positive(names.iops, iops)?;
             within_rate(names.iops, iops)?;
-            Ok(WorkloadKind::Open { iops })
+            Ok(OnOffInner::Open { iops })
         };
         // A field the kind does not use is refused, not ignored ("a typo never passes silently").
         let open_inner = self.iops.is_some();
@@ -667,8 +694,8 @@ impl WorkloadParams {
             }
         }
         let kind = match kind_name {
-            "closed" => closed()?,
-            "open" => open()?,
+            "closed" => closed()?.kind(),
+            "open" => open()?.kind(),
             "on_off" => {
                 let on = secs(names.on_s, self.on_s.ok_or_else(|| names.needs(kind_name, names.on_s))?)?;
                 let off = secs(names.off_s, self.off_s.ok_or_else(|| names.needs(kind_name, names.off_s))?)?;
@@ -684,7 +711,7 @@ impl WorkloadParams {
                     )));
                 }
                 let inner = if self.iops.is_some() { open()? } else { closed()? };
-                WorkloadKind::OnOff { on, off, inner: Box::new(inner) }
+                WorkloadKind::OnOff { on, off, inner }
             }
             "burst" => {
                 let count = self.burst_count.ok_or_else(|| names.needs(kind_name, names.burst_count))?;
@@ -889,8 +916,9 @@ struct Cold {
 impl Generator {
     /// A stopped generator for `spec`, drawing from the PCG stream seeded by `seed` (see [`crate::seed`]).
     pub fn new(spec: &WorkloadSpec, seed: u128) -> Generator {
-        let (closed, outstanding, think) = match spec.kind.inner() {
-            WorkloadKind::Closed { outstanding, think, per_server } => {
+        let (closed, outstanding, think) = match &spec.kind {
+            WorkloadKind::Closed { outstanding, think, per_server }
+            | WorkloadKind::OnOff { inner: OnOffInner::Closed { outstanding, think, per_server }, .. } => {
                 (if *per_server { PER_SERVER } else { POOL }, *outstanding, *think)
             }
             _ => (OPEN, 0, Nanos::ZERO),
@@ -960,12 +988,15 @@ impl Generator {
 
     /// What to do on starting or resuming at `now`.
     pub fn begin(&self, now: Nanos, spec: &WorkloadSpec) -> Begin {
-        match spec.kind.inner() {
-            WorkloadKind::Closed { per_server: false, .. } => Begin::Fill,
-            WorkloadKind::Closed { per_server: true, .. } => Begin::FillPerServer,
-            WorkloadKind::Open { .. } | WorkloadKind::Burst { .. } => Begin::ArriveAt(now),
+        match &spec.kind {
+            WorkloadKind::Closed { per_server: false, .. }
+            | WorkloadKind::OnOff { inner: OnOffInner::Closed { per_server: false, .. }, .. } => Begin::Fill,
+            WorkloadKind::Closed { per_server: true, .. }
+            | WorkloadKind::OnOff { inner: OnOffInner::Closed { per_server: true, .. }, .. } => Begin::FillPerServer,
+            WorkloadKind::Open { .. }
+            | WorkloadKind::OnOff { inner: OnOffInner::Open { .. }, .. }
+            | WorkloadKind::Burst { .. } => Begin::ArriveAt(now),
             WorkloadKind::Trace { records, .. } => Begin::ArriveAt(now.saturating_add(Nanos(records[0].t_ns))),
-            WorkloadKind::OnOff { .. } => unreachable!("validation rejects a nested on_off"),
         }
     }
 
@@ -992,19 +1023,23 @@ impl Generator {
         if !self.is_running() {
             return None;
         }
-        match spec.kind.inner() {
-            WorkloadKind::Open { .. } => Some(Arrival::Generated(1)),
+        match &spec.kind {
+            WorkloadKind::Open { .. } | WorkloadKind::OnOff { inner: OnOffInner::Open { .. }, .. } => {
+                Some(Arrival::Generated(1))
+            }
             WorkloadKind::Burst { count, .. } => Some(Arrival::Generated(*count)),
             WorkloadKind::Trace { records, .. } => records.get(self.cold.trace_pos).map(|r| Arrival::Record(*r)),
-            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => None,
+            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { inner: OnOffInner::Closed { .. }, .. } => None,
         }
     }
 
     /// After issuing what [`Generator::arrival`] asked at `now`: when the next arrival is due (`None`: the
     /// trace has ended). Draws the Poisson gap of an open workload.
     pub fn next_arrival(&mut self, now: Nanos, spec: &WorkloadSpec) -> Option<Nanos> {
-        match spec.kind.inner() {
-            WorkloadKind::Open { iops } => Some(now.saturating_add(poisson_gap(&mut self.rng, *iops))),
+        match &spec.kind {
+            WorkloadKind::Open { iops } | WorkloadKind::OnOff { inner: OnOffInner::Open { iops }, .. } => {
+                Some(now.saturating_add(poisson_gap(&mut self.rng, *iops)))
+            }
             WorkloadKind::Burst { period, .. } => Some(now.saturating_add(*period)),
             WorkloadKind::Trace { records, time_scale, repeat } => {
                 let scale = *time_scale;
@@ -1026,7 +1061,7 @@ impl Generator {
                 let at = cold.trace_base.saturating_add(Nanos::from_secs_f64(records[next].t_ns as f64 * scale / 1e9));
                 Some(at.max(now))
             }
-            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { .. } => None,
+            WorkloadKind::Closed { .. } | WorkloadKind::OnOff { inner: OnOffInner::Closed { .. }, .. } => None,
         }
     }
 
@@ -1163,12 +1198,43 @@ mod tests {
         assert_eq!(g.deficit(Some(at[2])), 1);
     }
 
+    /// While on, an on_off workload is its inner loop: the generator begins, arrives, fills its window and
+    /// draws its gaps as for the plain kind ([`OnOffInner::kind`]), for every inner there is. (Its inner
+    /// was a `WorkloadKind`, and an on_off there made [`Generator::begin`] panic; the type now has no
+    /// such case.)
+    #[test]
+    fn an_on_off_runs_as_its_inner_loop() {
+        let inners = [
+            OnOffInner::Open { iops: 250.0 },
+            OnOffInner::Closed { outstanding: 5, think: Nanos::ZERO, per_server: false },
+            OnOffInner::Closed { outstanding: 3, think: Nanos(7), per_server: true },
+        ];
+        for inner in inners {
+            let on_off = spec(WorkloadKind::OnOff { on: Nanos::from_secs(1), off: Nanos::from_secs(1), inner });
+            let plain = spec(inner.kind());
+            assert_eq!(on_off.kind.open_loop(), plain.kind.open_loop(), "{inner:?}");
+            assert_eq!(on_off.kind.issued_within(Nanos(1000)), plain.kind.issued_within(Nanos(1000)), "{inner:?}");
+            let (mut a, mut b) = (Generator::new(&on_off, 5), Generator::new(&plain, 5));
+            assert_eq!(a.start(Nanos(3), &on_off), Some(Nanos(3).saturating_add(Nanos::from_secs(1))));
+            assert_eq!(b.start(Nanos(3), &plain), None);
+            assert_eq!(a.begin(Nanos(3), &on_off), b.begin(Nanos(3), &plain), "{inner:?}");
+            assert_eq!(a.deficit(None), b.deficit(None), "{inner:?}");
+            let mut t = Nanos(3);
+            for _ in 0..10 {
+                assert_eq!(a.arrival(&on_off), b.arrival(&plain), "{inner:?}");
+                let next = a.next_arrival(t, &on_off);
+                assert_eq!(next, b.next_arrival(t, &plain), "{inner:?}");
+                t = next.unwrap_or(t);
+            }
+        }
+    }
+
     #[test]
     fn open_arrivals_average_their_rate_and_on_off_toggles() {
         let s = spec(WorkloadKind::OnOff {
             on: Nanos::from_secs(1),
             off: Nanos::from_secs(2),
-            inner: Box::new(WorkloadKind::Open { iops: 1000.0 }),
+            inner: OnOffInner::Open { iops: 1000.0 },
         });
         let mut g = Generator::new(&s, 9);
         assert_eq!(g.start(Nanos(0), &s), Some(Nanos::from_secs(1)));

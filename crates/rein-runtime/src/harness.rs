@@ -606,7 +606,7 @@ pub fn job_spec(data: &[u8]) {
             }
             WorkloadKind::OnOff { on, inner, .. } => {
                 assert!(*on > Nanos::ZERO, "an on period of no time accepted");
-                check(inner)
+                check(&inner.kind())
             }
             WorkloadKind::Burst { count, period } => {
                 assert!((1..=MAX_OUTSTANDING).contains(count), "a burst of {count} accepted");

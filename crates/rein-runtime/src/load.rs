@@ -553,7 +553,7 @@ fn check_export(j: &Job, spec: &WorkloadSpec, addr: SocketAddr, c: &NbdClient) -
     if c.size == 0 {
         return bad("the export is empty (0 bytes)".into());
     }
-    let trace = match spec.kind.inner() {
+    let trace = match &spec.kind {
         WorkloadKind::Trace { records, .. } => Some(records),
         _ => None,
     };

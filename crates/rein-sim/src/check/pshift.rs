@@ -23,9 +23,13 @@ pub(super) fn period_metric(
         Some(t) => vec![t],
         None => (0..sc.tenants.len()).collect(),
     };
-    let ps = sc.pshift.as_ref().expect("validated: period metrics need [pshift]");
-    let (n, f) = run.tenant_periods(&tenants, &ps.periods_in(a, b), metric, threshold_pct);
     let who = who(sc, tenant);
+    // Validation takes period metrics only in a [pshift] scenario, but `check` is public and a scenario's
+    // fields are too: one changed since has no QoS periods, judged as none (NaN, a miss), not a panic.
+    let Some(ps) = sc.pshift.as_ref() else {
+        return (format!("{who}: no QoS periods (the scenario has no [pshift])"), f64::NAN);
+    };
+    let (n, f) = run.tenant_periods(&tenants, &ps.periods_in(a, b), metric, threshold_pct);
     let what = match metric {
         PeriodMetric::ReservationMetFraction => format!(">= {threshold_pct}% of the reservation"),
         PeriodMetric::LimitExceededFraction => format!("> limit + {threshold_pct}%"),
@@ -66,5 +70,27 @@ fn who(sc: &Scenario, tenant: Option<usize>) -> String {
     match tenant {
         Some(t) => format!("tenant {}", sc.tenants[t].name),
         None => format!("{} buckets", sc.tenants.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Scenario;
+
+    /// A period expectation checked against a scenario whose [pshift] was taken away after validation
+    /// (a public field) is a miss that says why; it was a panic.
+    #[test]
+    fn a_period_metric_without_pshift_is_a_miss() {
+        let text = "name = \"p\"\nduration_s = 2.2\ninterval_s = 0.2\n[pshift]\nperiod_s = 1.0\n[pshift.generate]\n\
+                    buckets = 4\nreserved_fraction = 0.5\ndemand_ratio = 1.0\nactive_servers = 1\n[[servers]]\n\
+                    name = \"s1\"\ncapacity_iops = 400\n[[expect]]\nmetric = \"reservation_met_fraction\"\n\
+                    above = 0.0\n";
+        let mut sc = Scenario::from_toml(text, None).unwrap();
+        let run = crate::run(&sc, &mut |_| {}).unwrap();
+        assert!(crate::check::check(&sc, &run, None)[0].measured.is_finite());
+        sc.pshift = None;
+        let results = crate::check::check(&sc, &run, None);
+        assert!(!results[0].ok && results[0].measured.is_nan(), "{:?}", results[0]);
+        assert!(results[0].description.contains("no QoS periods (the scenario has no [pshift])"), "{:?}", results[0]);
     }
 }

@@ -206,7 +206,9 @@ pub(crate) fn zipf_reservations<R: Rng>(rng: &mut R, buckets: usize, s: f64, tot
     let weights: Vec<f64> = if s == 0.0 {
         vec![1.0; buckets]
     } else {
-        let z = Zipf::new(buckets as u64, s).expect("validated: n >= 1, s >= 0");
+        // Both callers (crate-private) check buckets >= 1 and s in [0, 10] just before: `GenParams::validate`
+        // in `generate`, and the [pshift.generate] checks in `model::pshift`'s `generate`.
+        let z = Zipf::new(buckets as u64, s).expect("buckets >= 1 and s >= 0, checked by both callers");
         (0..buckets).map(|_| 1.0 / z.sample(rng).powf(s)).collect()
     };
     split_whole(total, &weights)
