@@ -93,10 +93,11 @@ fn special(_: std::fs::FileType) -> &'static str {
 /// reload's failure is one log line too): where, by line and column (1-based, the column in characters),
 /// then the parser's message and the line's first 80 characters, e.g. `line 3, column 13: invalid type:
 /// string "yes", expected a boolean (in `admin_tls = "yes"`)`. An error the parser places nowhere is its
-/// message alone.
+/// message alone. A message of several lines (a syntax error's: `invalid array` and `expected `]``) is
+/// joined into one with "; ".
 pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, TomlError> {
     toml::from_str(text).map_err(|e| {
-        let message = e.message().trim().to_string();
+        let message = e.message().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
         match e.span() {
             Some(span) => {
                 let start = (0..=span.start.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
@@ -206,6 +207,8 @@ mod tests {
         assert!(matches!(&e, TomlError::At { line: 2, column: 1, shown, .. } if shown.is_empty()), "{e:?}");
         assert!(e.to_string().starts_with("line 2, column 1: invalid array"), "{e}");
         assert!(!e.to_string().contains("(in `"), "{e}");
+        // The parser's two lines (`invalid array`, then what it expected) as one: a reload's log line.
+        assert_eq!(e.to_string(), "line 2, column 1: invalid array; expected `]`");
         // An error the parser places nowhere (none of the texts above) is its message alone.
         assert_eq!(TomlError::Nowhere { message: "missing field `name`".into() }.to_string(), "missing field `name`");
     }
