@@ -159,16 +159,18 @@ const SHOWN_CHARS: usize = 80;
 mod tests {
     use super::*;
 
+    /// What the TOML tests parse: a name and an optional size, nothing else.
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct T {
+        name: String,
+        size: Option<u32>,
+    }
+
     /// The error says the line and the column (in characters, 1-based) on one line.
     #[test]
     fn a_toml_error_says_where_on_one_line() {
-        #[derive(Debug, serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        #[allow(dead_code)]
-        struct T {
-            name: String,
-            size: Option<u32>,
-        }
         let e = parse_toml::<T>("name = \"é\"\nsize = \"x\"").unwrap_err().to_string();
         assert!(e.starts_with("line 2, column 8: invalid type: string \"x\""), "{e}");
         assert!(e.ends_with(" (in `size = \"x\"`)"), "the key, which the message does not name: {e}");
@@ -185,13 +187,6 @@ mod tests {
     /// before it was typed (the strings below are that function's output).
     #[test]
     fn a_toml_error_is_typed_with_its_place_and_says_the_same_line() {
-        #[derive(Debug, serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        #[allow(dead_code)]
-        struct T {
-            name: String,
-            size: Option<u32>,
-        }
         let e = parse_toml::<T>("name = \"a\"\nsize = -1").unwrap_err();
         assert!(
             matches!(&e, TomlError::At { line: 2, column: 8, message, shown } if message.starts_with("invalid value") && shown == "size = -1"),
