@@ -454,7 +454,7 @@ impl HostPoller {
                 }
             }
         }
-        Some(rec.finish(rein_sim::report::hosts_meta(sc)))
+        Some(rec.finish(rein_sim::report::hosts_meta(sc)?))
     }
 
     /// Warns when host `h`'s first period in the run did not end where the simulator's does (within

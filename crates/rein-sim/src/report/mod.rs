@@ -40,8 +40,9 @@ pub fn meta(sc: &Scenario) -> RunMeta {
 pub fn build(sc: &Scenario, recording: Recording) -> RunTotals {
     let mut totals = recording.recorder.finish(&meta(sc));
     totals.summary.sabotage = sc.sabotage.map(String::from);
-    if let Some(h) = recording.hosts {
-        let hosts = h.finish(parda::hosts_meta(sc));
+    // A host recording exists only with [parda], which is what hosts_meta needs.
+    if let Some((h, hosts_meta)) = recording.hosts.zip(parda::hosts_meta(sc)) {
+        let hosts = h.finish(hosts_meta);
         totals.summary.hosts = Some(hosts.summary.clone());
         totals.hosts = Some(hosts);
     }
