@@ -61,7 +61,9 @@
 //! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
 //!
 //! # Checks before connecting
-//! Job names are unique (each is the report's row of its tenant), and the run's bounds hold.
+//! Job names are unique (each is the report's row of its tenant), and the run's bounds hold, among them
+//! the timeseries' (jobs + servers) x intervals cells within [`rein_model::recorder::MAX_CELLS`]
+//! ([`LoadError::Timeseries`]): a run over it is refused before it connects to anything.
 //!
 //! # Checks at connect
 //! Before any load: each connection within [`crate::client::CONNECT_TIMEOUT`]; no job that writes on an
@@ -283,6 +285,21 @@ pub enum LoadError {
     /// The admin endpoint could not be read.
     #[error("{0}")]
     Admin(#[from] crate::admin_client::AdminClientError),
+    /// The run's timeseries would keep more than [`rein_model::recorder::MAX_CELLS`] cells: (jobs +
+    /// servers) x intervals. Refused before connecting to anything (module comment).
+    #[error(
+        "duration {duration_s} s / interval {interval_s} s = {} intervals, x ({} jobs + {} servers), exceeds {} \
+         timeseries cells: run fewer jobs or a shorter run",
+        .cells.intervals, .cells.tenants, .cells.servers, rein_model::recorder::MAX_CELLS
+    )]
+    Timeseries {
+        /// The cells asked for (a job is a tenant of the report).
+        cells: rein_model::recorder::TooManyCells,
+        /// The run's duration (s).
+        duration_s: f64,
+        /// The timeseries interval (s).
+        interval_s: f64,
+    },
     /// The configuration is out of range (the message names what).
     #[error("{0}")]
     Invalid(String),
@@ -357,7 +374,25 @@ impl LoadConfig {
         if self.interval.is_zero() || self.duration.is_zero() || self.warmup >= self.duration {
             return bad("need duration > warm-up >= 0 and a positive interval".into());
         }
-        Ok(())
+        // The recorder's bound, counted (not allocated) before connecting to anything: checked only
+        // when the recorder was made, after every connection, a run over it opened them all first.
+        let (duration, interval) = (Nanos::from_duration(self.duration), Nanos::from_duration(self.interval));
+        let intervals = rein_model::recorder::intervals(duration, interval);
+        rein_model::recorder::TooManyCells::check(self.jobs.len(), self.report_servers(), intervals)
+            .map_err(|cells| self.too_many_cells(cells))
+    }
+
+    /// The report's servers: [`LoadConfig::servers`], or one named by `addr`.
+    fn report_servers(&self) -> usize {
+        self.servers.len().max(1)
+    }
+
+    fn too_many_cells(&self, cells: rein_model::recorder::TooManyCells) -> LoadError {
+        LoadError::Timeseries {
+            cells,
+            duration_s: self.duration.as_secs_f64(),
+            interval_s: self.interval.as_secs_f64(),
+        }
     }
 }
 
@@ -781,7 +816,7 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
         duration,
     };
     let mut rec = Recorder::new(cfg.jobs.len(), servers.len(), duration, interval, Nanos::from_duration(cfg.warmup))
-        .map_err(|e| LoadError::Invalid(e.to_string()))?;
+        .map_err(|cells| cfg.too_many_cells(cells))?;
     // The run's time starts here, not at `clock`'s origin (before connecting).
     let start = clock.now();
     let now = || clock.now().saturating_sub(start);
@@ -1473,6 +1508,42 @@ mod tests {
             ..LoadConfig::new(addr, vec![job], Duration::from_secs(1))
         }
     }
+    /// A run whose timeseries would exceed the recorder's bound is refused before it connects to
+    /// anything, naming the numbers: it was refused only when the recorder was made, after opening every
+    /// job's connections (here, to a listener that never answers the handshake: CONNECT_TIMEOUT first).
+    #[tokio::test]
+    async fn a_run_over_the_cell_bound_is_refused_before_connecting() {
+        let listener = std::net::TcpListener::bind("127.0.0.188:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let one = one_job_run(addr, "big", 1, rein_model::workload::WorkloadParams::default()).jobs.remove(0);
+        // (600 jobs + 1 server) x 86,400 intervals of 1 s: 51,926,400 cells.
+        let jobs = |n: usize| (0..n).map(|i| Job { name: format!("j{i}"), ..one.clone() }).collect();
+        let cfg = LoadConfig::new(addr, jobs(600), Duration::from_secs(86_400));
+        let e = tokio::time::timeout(Duration::from_secs(5), run_checked(cfg, |_, _| {}))
+            .await
+            .expect("refused at once")
+            .unwrap_err();
+        assert!(
+            matches!(&e, LoadError::Timeseries { cells, duration_s, interval_s }
+                if cells.tenants == 600 && cells.servers == 1 && cells.intervals == 86_400
+                    && *duration_s == 86_400.0 && *interval_s == 1.0),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "duration 86400 s / interval 1 s = 86400 intervals, x (600 jobs + 1 servers), exceeds 50000000 \
+             timeseries cells: run fewer jobs or a shorter run"
+        );
+        let accepted = listener.accept().map(|_| ());
+        assert_eq!(accepted.unwrap_err().kind(), std::io::ErrorKind::WouldBlock, "no connection was made");
+        // At the bound: 577 jobs + 1 server over 86,400 intervals fit (49,939,200 cells), one more does not.
+        let at = LoadConfig::new(addr, jobs(577), Duration::from_secs(86_400));
+        assert!(at.validate().is_ok(), "{:?}", at.validate());
+        let over = LoadConfig::new(addr, jobs(578), Duration::from_secs(86_400));
+        assert!(matches!(over.validate(), Err(LoadError::Timeseries { .. })));
+    }
+
     /// A server that completes the handshake and then stops reading: the run's end (answers still due,
     /// then the disconnects) takes at most two DRAIN_TIMEOUTs whatever the connections. One disconnect
     /// after another took a DRAIN_TIMEOUT each (8 connections: 47 s; 1,024: 85 min).

@@ -1,7 +1,7 @@
 //! `rein load` when the server fails it: a server that never answers, requests answered with errors, an
 //! export or server the job cannot use. nbdkit (memory plugin, error and blocksize-policy filters) plays
 //! the server, on 127.0.0.203 (port chosen free), and is stopped at the end; tests needing it are skipped
-//! when it is not installed.
+//! when it is not installed. A run refused before connecting listens on 127.0.0.188 to see no connection.
 mod common;
 
 use common::{free_tcp, installed, KillOnDrop as Server};
@@ -483,4 +483,26 @@ fn an_admin_endpoint_without_tenants_is_named_as_not_rein_serves() {
         err.contains(&format!("--admin {admin}: no /api/tenants there: --admin names a rein serve's admin endpoint")),
         "{err}"
     );
+}
+
+/// A run whose timeseries would exceed the report's bound ((600 jobs + 1 server) x 86,400 intervals of
+/// 1 s) is refused at once, naming the numbers, without connecting: it was refused only after every job's
+/// connection had opened (here, to a listener that never answers: the 30 s connect deadline first).
+#[test]
+fn a_run_over_the_timeseries_bound_is_refused_before_connecting() {
+    let listener = TcpListener::bind(("127.0.0.188", 0)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let specs: Vec<String> = (0..600).map(|i| format!("name=j{i}")).collect();
+    let mut args: Vec<&str> = vec!["--seconds", "86400", "--warmup", "0"];
+    for s in &specs {
+        args.extend(["--job", s]);
+    }
+    let (ok, _, err) = load(addr, &args, Duration::from_secs(20));
+    assert!(!ok, "{err}");
+    let want = "duration 86400 s / interval 1 s = 86400 intervals, x (600 jobs + 1 servers), exceeds 50000000 \
+                timeseries cells: run fewer jobs or a shorter run";
+    assert_eq!(err.matches(want).count(), 1, "{err}");
+    let accepted = listener.accept().map(|_| ());
+    assert_eq!(accepted.unwrap_err().kind(), std::io::ErrorKind::WouldBlock, "no connection was made");
 }
