@@ -139,7 +139,11 @@ pub enum ExpectFault {
     /// A host target (`equilibrium`, ...) on a tenant or server expectation.
     #[error("equilibrium, threshold, beta_ratio, fixed_point, uncontrolled and band_pct are for host expectations")]
     HostTargetOnTenant,
-    /// `metric` names no tenant, server or period metric.
+    /// `metric` names no tenant, server or period metric. Not rein-model's [`UnknownMetric`]
+    /// (`rein_model::report::UnknownMetric`), which is one subject's: the name is tried as each of the
+    /// three, and the message lists all their names.
+    ///
+    /// [`UnknownMetric`]: rein_model::report::UnknownMetric
     #[error("metric {metric:?}: expected one of {}", metric_names())]
     UnknownMetric {
         /// The name given.
@@ -276,12 +280,10 @@ pub enum ExpectFault {
         /// The name given.
         host: String,
     },
-    /// `metric` names no host metric.
-    #[error("host metric {metric:?}: expected one of {}", HostMetric::names())]
-    UnknownHostMetric {
-        /// The name given.
-        metric: String,
-    },
+    /// `metric` names no host metric: rein-model's error, whose message is the whole of this one (the name
+    /// given and the host metrics).
+    #[error(transparent)]
+    UnknownHostMetric(rein_model::report::UnknownMetric),
     /// `ratio_to` names no host.
     #[error("ratio_to names unknown host {host:?}")]
     RatioToUnknownHost {
@@ -821,8 +823,7 @@ fn validate_host(e: &ExpectFile, hosts: &[Host]) -> Result<Subject, ExpectFault>
         let host = hosts.iter().position(|x| x.name == h);
         HostSubject::Host(host.ok_or_else(|| ExpectFault::UnknownHost { host: h.to_string() })?)
     };
-    let metric: HostMetric =
-        e.metric.parse().map_err(|_| ExpectFault::UnknownHostMetric { metric: e.metric.clone() })?;
+    let metric: HostMetric = e.metric.parse().map_err(ExpectFault::UnknownHostMetric)?;
     let ratio_to = match &e.ratio_to {
         Some(r) => {
             let o = hosts
@@ -953,5 +954,42 @@ mod tests {
         assert!(matches!(&e.fault, ExpectFault::UnknownHost { host } if host == "h"), "{e:?}");
         let e = refused("tenant = \"a\"\nmetric = \"iops\"\nbelow = 5\nnote = \"x\\ny\"");
         assert!(matches!(&e.fault, ExpectFault::NoteControl { text } if text == "x\ny"), "{e:?}");
+    }
+
+    /// A host expectation's metric that names no host metric is rein-model's [`UnknownMetric`], wrapped
+    /// whole: one message (the name and the host metrics), no cause repeated below it. A tenant or server
+    /// expectation's keeps its own, listing the three subjects' names it was tried as.
+    ///
+    /// [`UnknownMetric`]: rein_model::report::UnknownMetric
+    #[test]
+    fn an_unknown_metric_names_the_choices_once() {
+        let text = "name = \"t\"\nduration_s = 10\n[parda]\nlatency_threshold_ms = 30\n[[servers]]\nname = \"s\"\n\
+                    capacity_iops = 100\n[[hosts]]\nname = \"h\"\n[[tenants]]\nname = \"a\"\nhost = \"h\"\n\
+                    [tenants.workload]\nkind = \"closed\"\n[[expect]]\nhost = \"h\"\nmetric = \"mb_s\"\nabove = 1\n";
+        let e = match Scenario::from_toml(text, None).unwrap_err() {
+            ScenarioError::Invalid { error: ModelError::Expect(e), .. } => e,
+            e => panic!("not an expectation's error: {e}"),
+        };
+        assert!(
+            matches!(&e.fault, ExpectFault::UnknownHostMetric(rein_model::report::UnknownMetric {
+                subject: "host metric", got, ..
+            }) if got == "mb_s"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "expect[0]: host metric \"mb_s\": expected one of window, beta, iops, latency_mean_ms, signal_ms, \
+             convergence_s"
+        );
+        assert!(std::error::Error::source(&e.fault).is_none(), "the cause is the message, not below it");
+
+        let e = refused("tenant = \"a\"\nmetric = \"window\"\nbelow = 5");
+        assert!(matches!(&e.fault, ExpectFault::UnknownMetric { metric } if metric == "window"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "expect[1]: metric \"window\": expected one of iops, mb_s, latency_mean_ms, latency_p50_ms, \
+             latency_p95_ms, latency_p99_ms, latency_max_ms, reservation_fraction, utilisation, \
+             reservation_met_fraction, limit_exceeded_fraction"
+        );
     }
 }
