@@ -313,19 +313,261 @@ impl Default for WorkloadParams {
     }
 }
 
-/// What is wrong with a workload's parameters (the message names the field).
+/// The workload kinds, as scenario files and `--job` write them.
+pub const KINDS: [&str; 5] = ["closed", "open", "on_off", "burst", "trace"];
+
+/// What is wrong with a workload's parameters. Each names the field as its input writes it
+/// ([`FieldNames`]: a scenario's `rate` is `iops`, `rein load --job`'s `rate`) and the value given.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
-    /// A message naming the field and the bound.
-    #[error("{0}")]
-    Invalid(String),
+    /// A field given that the workload's kind does not use: refused, not ignored.
+    #[error("{}", unused_text(.field, .kind, .inner, *.key_value))]
+    Unused {
+        /// The field (for `--job`, its key: `depth` of `depth x conns`).
+        field: &'static str,
+        /// The kind (one of [`KINDS`]).
+        kind: &'static str,
+        /// What the kind does instead, where the message says it (an on/off workload's inner loop, a
+        /// trace's records).
+        inner: UnusedInner,
+        /// `--job`'s key=value words (`depth= is not used by kind=open`) rather than a scenario's.
+        key_value: bool,
+    },
+    /// A kind without a field it needs.
+    #[error("{}", if *.key_value { format!("kind={kind} needs {field}=") } else { format!("{kind} workload needs {field}") })]
+    Needs {
+        /// The kind (one of [`KINDS`]).
+        kind: &'static str,
+        /// The field it needs.
+        field: &'static str,
+        /// `--job`'s key=value words.
+        key_value: bool,
+    },
+    /// A time in seconds outside `[0, MAX_SECONDS]` (or not a number).
+    #[error("{field} must be between 0 and {MAX_SECONDS} s, got {}", Num(*.got))]
+    Seconds {
+        /// The field.
+        field: &'static str,
+        /// The value given (s).
+        got: f64,
+    },
+    /// A time in milliseconds outside `[0, MAX_SECONDS]` (or not a number).
+    #[error("{field} must be between 0 and {} ms, got {}", Num(MAX_SECONDS * 1e3), Num(*.got))]
+    Millis {
+        /// The field.
+        field: &'static str,
+        /// The value given (ms).
+        got: f64,
+    },
+    /// A value that must be positive (and finite) is not.
+    #[error("{field} must be a positive number, got {}", Num(*.got))]
+    NotPositive {
+        /// The field.
+        field: &'static str,
+        /// The value given.
+        got: f64,
+    },
+    /// A request size above [`MAX_SIZE_BYTES`].
+    #[error("{field} must be at most 1 GiB, got {} GiB", Num(*.size_kb / (1 << 20) as f64))]
+    SizeAboveBound {
+        /// The field.
+        field: &'static str,
+        /// The size given (KiB).
+        size_kb: f64,
+    },
+    /// A request size that rounds to no byte.
+    #[error("{field} {} is less than one byte", Num(*.size_kb))]
+    SizeBelowByte {
+        /// The field.
+        field: &'static str,
+        /// The size given (KiB).
+        size_kb: f64,
+    },
+    /// A rate the workload's own timing offers is above [`MAX_RATE_IOPS`].
+    #[error("{what} {} is above the bound of {} IOPS", Num(*.iops), Num(MAX_RATE_IOPS))]
+    RateAboveBound {
+        /// What offers it: the field (`iops`), or how it comes about (`the rate burst_count /
+        /// burst_period_ms`, a repeated trace's replay rate).
+        what: String,
+        /// The rate (IOPS).
+        iops: f64,
+    },
+    /// A window or burst outside `1..=MAX_OUTSTANDING`.
+    #[error("{field} must be in 1..={MAX_OUTSTANDING}, got {got}")]
+    Window {
+        /// The field.
+        field: &'static str,
+        /// The count given.
+        got: u32,
+    },
+    /// Both a pooled window and per-server windows.
+    #[error(
+        "{outstanding} and {per_server} are both given: {per_server} keeps a window at each server instead of one \
+         pool of {outstanding}; give one"
+    )]
+    BothWindows {
+        /// The pooled window's field.
+        outstanding: &'static str,
+        /// The per-server windows' field.
+        per_server: &'static str,
+    },
+    /// An on/off workload whose on period is no time.
+    #[error("{field} must be positive")]
+    NoOnTime {
+        /// The on period's field.
+        field: &'static str,
+    },
+    /// An on/off cycle shorter than [`MIN_CYCLE_S`].
+    #[error("{on} + {off} must be at least {MIN_CYCLE_S} s (one on/off cycle), got {} s", Num(*.cycle_s))]
+    CycleTooShort {
+        /// The on period's field.
+        on: &'static str,
+        /// The off period's field.
+        off: &'static str,
+        /// The cycle given (s).
+        cycle_s: f64,
+    },
+    /// A trace whose records would take the scenario's traces past their bound ([`MAX_SCENARIO_RECORDS`]).
+    #[error(
+        "trace {}: its {records} records bring the scenario's traces to {total} records, above the bound of {bound} \
+         (32 bytes each; tenants naming one trace with the same format and devices share one copy)",
+        .path.display()
+    )]
+    TraceRecordsAboveBound {
+        /// The trace file.
+        path: std::path::PathBuf,
+        /// Its records.
+        records: usize,
+        /// The scenario's traces' records with it.
+        total: usize,
+        /// The bound.
+        bound: usize,
+    },
+    /// A trace with no records (kept by the device filter, if any).
+    #[error("trace {} has no records{}", .path.display(), no_records_filter(.devices))]
+    NoRecords {
+        /// The trace file.
+        path: std::path::PathBuf,
+        /// The devices kept (empty: all).
+        devices: Vec<u32>,
+    },
+    /// A device to keep of which the trace has no record.
+    #[error("trace.devices: device {device} has no records in {}", .path.display())]
+    DeviceWithoutRecords {
+        /// The device.
+        device: u32,
+        /// The trace file.
+        path: std::path::PathBuf,
+    },
+    /// A repeated trace whose records are all at one instant (it would replay for ever there).
+    #[error(
+        "{repeat}: {}'s {records} records are all at one instant (at {time_scale_field} {}): a repeated trace needs \
+         records that span time, or it replays for ever at that instant",
+        .path.display(),
+        Num(*.time_scale)
+    )]
+    RepeatAtOneInstant {
+        /// The repeat field.
+        repeat: &'static str,
+        /// The trace file.
+        path: std::path::PathBuf,
+        /// Its records.
+        records: usize,
+        /// The time scale's field.
+        time_scale_field: &'static str,
+        /// The time scale given.
+        time_scale: f64,
+    },
+    /// A kind that is none of the workload kinds.
+    #[error(
+        "{}: expected closed, open, on_off, burst or trace",
+        if *.key_value { format!("kind={got}") } else { format!("workload kind {got:?}") }
+    )]
+    UnknownKind {
+        /// The kind given.
+        got: String,
+        /// `--job`'s key=value words.
+        key_value: bool,
+    },
+    /// A percentage outside `[0, 100]`.
+    #[error("{field} must be in [0, 100], got {}", Num(*.got))]
+    Percent {
+        /// The field.
+        field: &'static str,
+        /// The value given.
+        got: f64,
+    },
+    /// A start at or after the run's end (the workload would issue nothing).
+    #[error("{field} must be before the run's end ({} s), got {}", Num(*.duration_s), Num(*.got))]
+    StartAfterEnd {
+        /// The start's field.
+        field: &'static str,
+        /// The run's length (s).
+        duration_s: f64,
+        /// The start given (s).
+        got: f64,
+    },
+    /// A stop at or before the start.
+    #[error("{stop} must be after {start}")]
+    StopBeforeStart {
+        /// The stop's field.
+        stop: &'static str,
+        /// The start's field.
+        start: &'static str,
+    },
     /// The trace could not be read or parsed.
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),
 }
 
-fn invalid(m: impl Into<String>) -> WorkloadError {
-    WorkloadError::Invalid(m.into())
+/// What an unused field's message says the kind does instead ([`WorkloadError::Unused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnusedInner {
+    /// Nothing more.
+    None,
+    /// An on/off workload open inside its on periods: it has this rate field.
+    OpenOnOff {
+        /// The rate's field.
+        rate: &'static str,
+    },
+    /// An on/off workload closed inside its on periods: it has no rate field.
+    ClosedOnOff {
+        /// The rate's field.
+        rate: &'static str,
+    },
+    /// A trace: its records give each request's size, operation and offset.
+    Trace,
+}
+
+impl std::fmt::Display for UnusedInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UnusedInner::None => Ok(()),
+            UnusedInner::OpenOnOff { rate } => write!(f, " (open inside its on periods: it has {rate})"),
+            UnusedInner::ClosedOnOff { rate } => write!(f, " (closed inside its on periods: it has no {rate})"),
+            UnusedInner::Trace => f.write_str(" (its records give each request's size, operation and offset)"),
+        }
+    }
+}
+
+/// [`WorkloadError::Unused`]'s message.
+fn unused_text(field: &str, kind: &str, inner: &UnusedInner, key_value: bool) -> String {
+    if key_value {
+        format!("{field}= is not used by kind={kind}{inner}")
+    } else {
+        let a = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+        format!("{field} is not used by {a} {kind} workload{inner}: remove it, or change the kind")
+    }
+}
+
+/// [`WorkloadError::NoRecords`]'s note: the device filter is named only when there is one (`(device
+/// filter [])` read as a setting to look for to an operator whose trace file was simply empty).
+fn no_records_filter(devices: &[u32]) -> String {
+    if devices.is_empty() {
+        " (the file holds no request lines)".to_string()
+    } else {
+        format!(" (device filter {devices:?})")
+    }
 }
 
 /// How the file or command line a workload came from writes its fields, so that an error names what its
@@ -418,67 +660,59 @@ impl FieldNames {
 
     /// A field given that the kind does not use (`open_inner`: an on/off workload with a rate, open
     /// inside its on periods).
-    fn unused(&self, kind: &str, field: &str, open_inner: bool) -> WorkloadError {
+    fn unused(&self, kind: &'static str, field: &'static str, open_inner: bool) -> WorkloadError {
+        let rate = self.iops;
         let inner = match (kind, open_inner) {
-            ("on_off", true) => format!(" (open inside its on periods: it has {})", self.iops),
-            ("on_off", false) => format!(" (closed inside its on periods: it has no {})", self.iops),
-            ("trace", _) => " (its records give each request's size, operation and offset)".to_string(),
-            _ => String::new(),
+            ("on_off", true) => UnusedInner::OpenOnOff { rate },
+            ("on_off", false) => UnusedInner::ClosedOnOff { rate },
+            ("trace", _) => UnusedInner::Trace,
+            _ => UnusedInner::None,
         };
-        if self.key_value {
-            // The key itself: `depth`, of the window's `depth x conns`.
-            let key = field.split(' ').next().unwrap_or(field);
-            invalid(format!("{key}= is not used by kind={kind}{inner}"))
-        } else {
-            let a = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
-            invalid(format!("{field} is not used by {a} {kind} workload{inner}: remove it, or change the kind"))
-        }
+        // For --job, the key itself: `depth`, of the window's `depth x conns`.
+        let field = if self.key_value { field.split(' ').next().unwrap_or(field) } else { field };
+        WorkloadError::Unused { field, kind, inner, key_value: self.key_value }
     }
 
     /// A kind that misses a field it needs.
-    fn needs(&self, kind: &str, field: &str) -> WorkloadError {
-        if self.key_value {
-            invalid(format!("kind={kind} needs {field}="))
-        } else {
-            invalid(format!("{kind} workload needs {field}"))
-        }
+    fn needs(&self, kind: &'static str, field: &'static str) -> WorkloadError {
+        WorkloadError::Needs { kind, field, key_value: self.key_value }
     }
 }
 
-fn secs(field: &str, v: f64) -> Result<Nanos, WorkloadError> {
+fn secs(field: &'static str, v: f64) -> Result<Nanos, WorkloadError> {
     if !v.is_finite() || !(0.0..=MAX_SECONDS).contains(&v) {
-        return Err(invalid(format!("{field} must be between 0 and {MAX_SECONDS} s, got {}", Num(v))));
+        return Err(WorkloadError::Seconds { field, got: v });
     }
     Ok(Nanos::from_secs_f64(v))
 }
 
 /// A time written in milliseconds (`think_ms`, `burst_period_ms`), its error in milliseconds too.
-fn millis(field: &str, v: f64) -> Result<Nanos, WorkloadError> {
+fn millis(field: &'static str, v: f64) -> Result<Nanos, WorkloadError> {
     if !v.is_finite() || !(0.0..=MAX_SECONDS * 1e3).contains(&v) {
-        return Err(invalid(format!("{field} must be between 0 and {} ms, got {}", Num(MAX_SECONDS * 1e3), Num(v))));
+        return Err(WorkloadError::Millis { field, got: v });
     }
     Ok(Nanos::from_secs_f64(v / 1e3))
 }
 
-fn positive(field: &str, v: f64) -> Result<f64, WorkloadError> {
+fn positive(field: &'static str, v: f64) -> Result<f64, WorkloadError> {
     if v.is_finite() && v > 0.0 {
         Ok(v)
     } else {
-        Err(invalid(format!("{field} must be a positive number, got {}", Num(v))))
+        Err(WorkloadError::NotPositive { field, got: v })
     }
 }
 
 /// A request size of `size_kb` KiB (the key `field`) in bytes: positive, at least one byte once rounded,
 /// at most [`MAX_SIZE_BYTES`]. Every way a scenario sizes requests goes through here (a workload's
 /// `size_kb`, pShift's generated buckets).
-pub fn request_size_bytes(field: &str, size_kb: f64) -> Result<u64, WorkloadError> {
+pub fn request_size_bytes(field: &'static str, size_kb: f64) -> Result<u64, WorkloadError> {
     let size = positive(field, size_kb)?;
     if size > (MAX_SIZE_BYTES / 1024) as f64 {
-        return Err(invalid(format!("{field} must be at most 1 GiB, got {} GiB", Num(size / (1 << 20) as f64))));
+        return Err(WorkloadError::SizeAboveBound { field, size_kb: size });
     }
     let bytes = (size * 1024.0).round();
     if bytes < 1.0 {
-        return Err(invalid(format!("{field} {} is less than one byte", Num(size))));
+        return Err(WorkloadError::SizeBelowByte { field, size_kb: size });
     }
     Ok(bytes as u64)
 }
@@ -490,13 +724,13 @@ pub fn within_rate(what: &str, iops: f64) -> Result<(), WorkloadError> {
     if iops <= MAX_RATE_IOPS {
         return Ok(());
     }
-    Err(invalid(format!("{what} {} is above the bound of {} IOPS", Num(iops), Num(MAX_RATE_IOPS))))
+    Err(WorkloadError::RateAboveBound { what: what.to_string(), iops })
 }
 
 /// A window or burst of `n` requests: 1..=[`MAX_OUTSTANDING`].
-fn window(field: &str, n: u32) -> Result<u32, WorkloadError> {
+fn window(field: &'static str, n: u32) -> Result<u32, WorkloadError> {
     if n == 0 || n > MAX_OUTSTANDING {
-        return Err(invalid(format!("{field} must be in 1..={MAX_OUTSTANDING}, got {n}")));
+        return Err(WorkloadError::Window { field, got: n });
     }
     Ok(n)
 }
@@ -569,13 +803,12 @@ impl TraceCache {
         let records = crate::trace::load(path, format, devices)?;
         let total = self.records.saturating_add(records.len());
         if total > self.bound {
-            return Err(invalid(format!(
-                "trace {}: its {} records bring the scenario's traces to {total} records, above the bound of {} \
-                 (32 bytes each; tenants naming one trace with the same format and devices share one copy)",
-                path.display(),
-                records.len(),
-                self.bound
-            )));
+            return Err(WorkloadError::TraceRecordsAboveBound {
+                path: path.to_path_buf(),
+                records: records.len(),
+                total,
+                bound: self.bound,
+            });
         }
         self.records = total;
         let records = Arc::new(records);
@@ -636,16 +869,17 @@ impl WorkloadParams {
         names: &FieldNames,
         traces: &mut TraceCache,
     ) -> Result<WorkloadSpec, WorkloadError> {
-        let kind_name = self.kind.as_str();
+        // The kind as one of KINDS, which its errors carry; "" for an unknown kind, which uses no field
+        // and is refused below (UnknownKind, with the kind as written).
+        let kind_name: &'static str = KINDS.iter().copied().find(|k| *k == self.kind).unwrap_or("");
         let closed = || -> Result<OnOffInner, WorkloadError> {
             let outstanding = window(names.outstanding, self.outstanding.unwrap_or(DEFAULT_OUTSTANDING))?;
             let think = millis(names.think_ms, self.think_ms.unwrap_or(0.0))?;
             match self.outstanding_per_server {
-                Some(_) if self.outstanding.is_some() => Err(invalid(format!(
-                    "{} and {} are both given: {} keeps a window at each server instead of one pool of {}; \
-                     give one",
-                    names.outstanding, names.outstanding_per_server, names.outstanding_per_server, names.outstanding
-                ))),
+                Some(_) if self.outstanding.is_some() => Err(WorkloadError::BothWindows {
+                    outstanding: names.outstanding,
+                    per_server: names.outstanding_per_server,
+                }),
                 None => Ok(OnOffInner::Closed { outstanding, think, per_server: false }),
                 Some(k) => Ok(OnOffInner::Closed {
                     outstanding: window(names.outstanding_per_server, k)?,
@@ -700,15 +934,14 @@ impl WorkloadParams {
                 let on = secs(names.on_s, self.on_s.ok_or_else(|| names.needs(kind_name, names.on_s))?)?;
                 let off = secs(names.off_s, self.off_s.ok_or_else(|| names.needs(kind_name, names.off_s))?)?;
                 if on == Nanos::ZERO {
-                    return Err(invalid(format!("{} must be positive", names.on_s)));
+                    return Err(WorkloadError::NoOnTime { field: names.on_s });
                 }
                 if on.saturating_add(off) < Nanos::from_secs_f64(MIN_CYCLE_S) {
-                    return Err(invalid(format!(
-                        "{} + {} must be at least {MIN_CYCLE_S} s (one on/off cycle), got {} s",
-                        names.on_s,
-                        names.off_s,
-                        Num(on.saturating_add(off).as_secs_f64())
-                    )));
+                    return Err(WorkloadError::CycleTooShort {
+                        on: names.on_s,
+                        off: names.off_s,
+                        cycle_s: on.saturating_add(off).as_secs_f64(),
+                    });
                 }
                 let inner = if self.iops.is_some() { open()? } else { closed()? };
                 WorkloadKind::OnOff { on, off, inner }
@@ -734,17 +967,10 @@ impl WorkloadParams {
                 let fmt = crate::trace::TraceFormat::resolve(t.format.as_deref(), &path)?;
                 let records = traces.load(&path, fmt, devices)?;
                 if records.is_empty() {
-                    // The device filter is named only when there is one: `(device filter [])` read as a
-                    // setting to look for to an operator whose trace file was simply empty.
-                    let filter = if devices.is_empty() {
-                        " (the file holds no request lines)".to_string()
-                    } else {
-                        format!(" (device filter {devices:?})")
-                    };
-                    return Err(invalid(format!("trace {} has no records{filter}", path.display())));
+                    return Err(WorkloadError::NoRecords { path, devices: devices.to_vec() });
                 }
-                if let Some(d) = devices.iter().find(|&&d| !records.iter().any(|r| r.device == d)) {
-                    return Err(invalid(format!("trace.devices: device {d} has no records in {}", path.display())));
+                if let Some(&device) = devices.iter().find(|&&d| !records.iter().any(|r| r.device == d)) {
+                    return Err(WorkloadError::DeviceWithoutRecords { device, path });
                 }
                 if t.repeat {
                     // A pass lasts the scaled span plus one mean gap (Generator::next_arrival); a pass of
@@ -753,15 +979,13 @@ impl WorkloadParams {
                     let span = records[records.len() - 1].t_ns as f64 * t.time_scale / 1e9;
                     let pass = span + span / n;
                     if pass <= 0.0 {
-                        return Err(invalid(format!(
-                            "{}: {}'s {} records are all at one instant (at {} {}): a repeated trace needs \
-                             records that span time, or it replays for ever at that instant",
-                            names.repeat,
-                            path.display(),
-                            records.len(),
-                            names.time_scale,
-                            Num(t.time_scale)
-                        )));
+                        return Err(WorkloadError::RepeatAtOneInstant {
+                            repeat: names.repeat,
+                            path,
+                            records: records.len(),
+                            time_scale_field: names.time_scale,
+                            time_scale: t.time_scale,
+                        });
                     }
                     let what = format!(
                         "{}: the replay rate of {} ({} records every {} s at {} {})",
@@ -776,12 +1000,7 @@ impl WorkloadParams {
                 }
                 WorkloadKind::Trace { records, time_scale: t.time_scale, repeat: t.repeat }
             }
-            other if names.key_value => {
-                return Err(invalid(format!("kind={other}: expected closed, open, on_off, burst or trace")))
-            }
-            other => {
-                return Err(invalid(format!("workload kind {other:?}: expected closed, open, on_off, burst or trace")))
-            }
+            _ => return Err(WorkloadError::UnknownKind { got: self.kind.clone(), key_value: names.key_value }),
         };
         let (size_kb, read_pct, random_pct) = (
             self.size_kb.unwrap_or_else(default_size_kb),
@@ -791,26 +1010,25 @@ impl WorkloadParams {
         let size_bytes = request_size_bytes(names.size, size_kb)?;
         for (f, v) in [(names.read_pct, read_pct), (names.random_pct, random_pct)] {
             if !(0.0..=100.0).contains(&v) {
-                return Err(invalid(format!("{f} must be in [0, 100], got {}", Num(v))));
+                return Err(WorkloadError::Percent { field: f, got: v });
             }
         }
         let span = positive(names.span_gb, self.span_gb)?;
         let start = secs(names.start_s, self.start_s)?;
         // A workload that starts when the run is over would issue nothing: a mistake, not a choice.
         if duration <= start {
-            return Err(invalid(format!(
-                "{} must be before the run's end ({} s), got {}",
-                names.start_s,
-                Num(duration.as_secs_f64()),
-                Num(self.start_s)
-            )));
+            return Err(WorkloadError::StartAfterEnd {
+                field: names.start_s,
+                duration_s: duration.as_secs_f64(),
+                got: self.start_s,
+            });
         }
         let stop = match self.stop_s {
             None => duration,
             Some(s) => secs(names.stop_s, s)?,
         };
         if stop <= start {
-            return Err(invalid(format!("{} must be after {}", names.stop_s, names.start_s)));
+            return Err(WorkloadError::StopBeforeStart { stop: names.stop_s, start: names.start_s });
         }
         Ok(WorkloadSpec {
             kind,
@@ -1503,6 +1721,188 @@ mod tests {
         assert_eq!(e(&[]), format!("trace {path} has no records (the file holds no request lines)"));
         std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n").unwrap();
         assert_eq!(e(&[7]), format!("trace {path} has no records (device filter [7])"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `e` matches `pat`, and says exactly `text`.
+    macro_rules! refused {
+        ($e:expr, $pat:pat $(if $guard:expr)?, $text:expr) => {{
+            let e: WorkloadError = $e;
+            assert!(matches!(&e, $pat $(if $guard)?), "{e:?}");
+            assert_eq!(e.to_string(), $text);
+        }};
+    }
+
+    /// Each way a workload's parameters are refused is its own variant, carrying the field and the value,
+    /// with the message the `Invalid(String)` it replaced had (these strings passed on that error too).
+    #[test]
+    fn each_refusal_is_typed_with_its_field_and_value() {
+        let ten = Nanos::from_secs(10);
+        let err = |p: WorkloadParams| p.validate(ten, None, &[]).unwrap_err();
+        let job = |p: WorkloadParams| p.validate_as(ten, None, &[], &FieldNames::JOB).unwrap_err();
+        let closed = WorkloadParams::default();
+        let open = WorkloadParams { kind: "open".into(), iops: Some(5.0), ..Default::default() };
+        let on_off =
+            |on, off| WorkloadParams { kind: "on_off".into(), on_s: Some(on), off_s: Some(off), ..closed.clone() };
+        refused!(
+            err(WorkloadParams { iops: Some(5.0), ..closed.clone() }),
+            WorkloadError::Unused { field, kind, inner: UnusedInner::None, key_value: false }
+                if *field == "iops" && *kind == "closed",
+            "iops is not used by a closed workload: remove it, or change the kind"
+        );
+        refused!(
+            job(WorkloadParams { outstanding: Some(1), ..open.clone() }),
+            WorkloadError::Unused { field, kind, inner: UnusedInner::None, key_value: true }
+                if *field == "depth" && *kind == "open",
+            "depth= is not used by kind=open"
+        );
+        refused!(
+            err(WorkloadParams { burst_count: Some(2), ..on_off(1.0, 1.0) }),
+            WorkloadError::Unused { field, inner: UnusedInner::ClosedOnOff { rate }, .. }
+                if *field == "burst_count" && *rate == "iops",
+            "burst_count is not used by an on_off workload (closed inside its on periods: it has no iops): remove \
+             it, or change the kind"
+        );
+        refused!(
+            job(WorkloadParams { outstanding: Some(2), iops: Some(5.0), ..on_off(1.0, 1.0) }),
+            WorkloadError::Unused { field, inner: UnusedInner::OpenOnOff { rate }, key_value: true, .. }
+                if *field == "depth" && *rate == "rate",
+            "depth= is not used by kind=on_off (open inside its on periods: it has rate)"
+        );
+        refused!(
+            err(WorkloadParams { kind: "open".into(), ..closed.clone() }),
+            WorkloadError::Needs { kind, field, key_value: false } if *kind == "open" && *field == "iops",
+            "open workload needs iops"
+        );
+        refused!(
+            job(WorkloadParams { kind: "open".into(), ..closed.clone() }),
+            WorkloadError::Needs { kind, field, key_value: true } if *kind == "open" && *field == "rate",
+            "kind=open needs rate="
+        );
+        refused!(
+            err(WorkloadParams { start_s: -1.0, ..closed.clone() }),
+            WorkloadError::Seconds { field, got } if *field == "start_s" && *got == -1.0,
+            "start_s must be between 0 and 604800 s, got -1"
+        );
+        refused!(
+            job(WorkloadParams { think_ms: Some(f64::NAN), ..closed.clone() }),
+            WorkloadError::Millis { field, got } if *field == "think" && got.is_nan(),
+            "think must be between 0 and 604800000 ms, got NaN"
+        );
+        refused!(
+            err(WorkloadParams { span_gb: 0.0, ..closed.clone() }),
+            WorkloadError::NotPositive { field, got } if *field == "span_gb" && *got == 0.0,
+            "span_gb must be a positive number, got 0"
+        );
+        refused!(
+            err(WorkloadParams { size_kb: Some(2.0 * 1024.0 * 1024.0), ..closed.clone() }),
+            WorkloadError::SizeAboveBound { field, size_kb } if *field == "size_kb" && *size_kb == 2097152.0,
+            "size_kb must be at most 1 GiB, got 2 GiB"
+        );
+        refused!(
+            job(WorkloadParams { size_kb: Some(1e-4), ..closed.clone() }),
+            WorkloadError::SizeBelowByte { field, size_kb } if *field == "size" && *size_kb == 1e-4,
+            "size 0.0001 is less than one byte"
+        );
+        refused!(
+            err(WorkloadParams { iops: Some(1e9), ..open.clone() }),
+            WorkloadError::RateAboveBound { what, iops } if what == "iops" && *iops == 1e9,
+            "iops 1000000000 is above the bound of 10000000 IOPS"
+        );
+        refused!(
+            err(WorkloadParams { kind: "burst".into(), burst_count: Some(65_536), burst_period_ms: Some(1.0), ..closed.clone() }),
+            WorkloadError::RateAboveBound { what, iops } if what == "the rate burst_count / burst_period_ms" && *iops == 65_536_000.0,
+            "the rate burst_count / burst_period_ms 65536000 is above the bound of 10000000 IOPS"
+        );
+        refused!(
+            job(WorkloadParams { outstanding: Some(0), ..closed.clone() }),
+            WorkloadError::Window { field, got: 0 } if *field == "depth x conns",
+            "depth x conns must be in 1..=65536, got 0"
+        );
+        refused!(
+            err(WorkloadParams { outstanding: Some(4), outstanding_per_server: Some(30), ..closed.clone() }),
+            WorkloadError::BothWindows { outstanding, per_server }
+                if *outstanding == "outstanding" && *per_server == "outstanding_per_server",
+            "outstanding and outstanding_per_server are both given: outstanding_per_server keeps a window at each \
+             server instead of one pool of outstanding; give one"
+        );
+        refused!(
+            job(on_off(0.0, 1.0)),
+            WorkloadError::NoOnTime { field } if *field == "on",
+            "on must be positive"
+        );
+        refused!(
+            err(on_off(1e-4, 2e-4)),
+            WorkloadError::CycleTooShort { on, off, cycle_s } if *on == "on_s" && *off == "off_s" && (*cycle_s - 3e-4).abs() < 1e-12,
+            "on_s + off_s must be at least 0.001 s (one on/off cycle), got 0.0003 s"
+        );
+        refused!(
+            err(WorkloadParams { kind: "sometimes".into(), ..closed.clone() }),
+            WorkloadError::UnknownKind { got, key_value: false } if got == "sometimes",
+            "workload kind \"sometimes\": expected closed, open, on_off, burst or trace"
+        );
+        refused!(
+            job(WorkloadParams { kind: "sometimes".into(), ..closed.clone() }),
+            WorkloadError::UnknownKind { got, key_value: true } if got == "sometimes",
+            "kind=sometimes: expected closed, open, on_off, burst or trace"
+        );
+        refused!(
+            job(WorkloadParams { read_pct: Some(120.0), ..closed.clone() }),
+            WorkloadError::Percent { field, got } if *field == "read" && *got == 120.0,
+            "read must be in [0, 100], got 120"
+        );
+        refused!(
+            err(WorkloadParams { start_s: 12.5, ..closed.clone() }),
+            WorkloadError::StartAfterEnd { field, duration_s, got } if *field == "start_s" && *duration_s == 10.0 && *got == 12.5,
+            "start_s must be before the run's end (10 s), got 12.5"
+        );
+        refused!(
+            job(WorkloadParams { start_s: 2.0, stop_s: Some(1.0), ..closed.clone() }),
+            WorkloadError::StopBeforeStart { stop, start } if *stop == "stop" && *start == "start",
+            "stop must be after start"
+        );
+    }
+
+    /// The refusals of a trace's records: the scenario's bound, no records, a device without records, a
+    /// repeated trace at one instant; typed, with the file, as [`each_refusal_is_typed_with_its_field_and_value`].
+    #[test]
+    fn each_refusal_of_a_trace_is_typed_with_its_file() {
+        let dir = std::env::temp_dir().join(format!("rein-model-typed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.trace");
+        let ten = Nanos::from_secs(10);
+        std::fs::write(&path, "0 0 0 8 1\n10 1 8 8 1\n20 0 16 8 1\n").unwrap();
+        let shown = path.display().to_string();
+        let mut cache = TraceCache::with_bound(2);
+        refused!(
+            trace_of_t(1.0, false).validate_shared(ten, Some(&dir), &[], &mut cache).unwrap_err(),
+            WorkloadError::TraceRecordsAboveBound { path: p, records: 3, total: 3, bound: 2 } if *p == path,
+            format!(
+                "trace {shown}: its 3 records bring the scenario's traces to 3 records, above the bound of 2 (32 bytes \
+                 each; tenants naming one trace with the same format and devices share one copy)"
+            )
+        );
+        refused!(
+            trace_of_t(1.0, false).validate(ten, Some(&dir), &[7]).unwrap_err(),
+            WorkloadError::NoRecords { path: p, devices } if *p == path && *devices == [7],
+            format!("trace {shown} has no records (device filter [7])")
+        );
+        refused!(
+            trace_of_t(1.0, false).validate(ten, Some(&dir), &[1, 7]).unwrap_err(),
+            WorkloadError::DeviceWithoutRecords { device: 7, path: p } if *p == path,
+            format!("trace.devices: device 7 has no records in {shown}")
+        );
+        std::fs::write(&path, "5 0 0 8 1\n5 0 8 8 1\n").unwrap();
+        let job = trace_of_t(0.5, true).validate_as(ten, Some(&dir), &[], &FieldNames::JOB).unwrap_err();
+        refused!(
+            job,
+            WorkloadError::RepeatAtOneInstant { repeat, path: p, records: 2, time_scale_field, time_scale }
+                if *repeat == "repeat" && *p == path && *time_scale_field == "time_scale" && *time_scale == 0.5,
+            format!(
+                "repeat: {shown}'s 2 records are all at one instant (at time_scale 0.5): a repeated trace needs \
+                 records that span time, or it replays for ever at that instant"
+            )
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -170,9 +170,10 @@ pub enum TenantFault {
         /// The trace device.
         device: u32,
     },
-    /// The workload is refused.
+    /// The workload is refused (boxed: the largest of these faults, which a scenario's every error
+    /// would carry).
     #[error("{0}")]
-    Workload(WorkloadError),
+    Workload(Box<WorkloadError>),
     /// `spread_window_ios` outside `1..=max`.
     #[error("spread_window_ios must be in 1..={max}, got {got}")]
     SpreadWindow {
@@ -332,8 +333,10 @@ pub(crate) fn validate_tenant(
         }
     };
     let devices = trace_devices(t).map_err(err)?;
-    let workload =
-        t.workload.validate_shared(duration, base, &devices, traces).map_err(|e| err(TenantFault::Workload(e)))?;
+    let workload = t
+        .workload
+        .validate_shared(duration, base, &devices, traces)
+        .map_err(|e| err(TenantFault::Workload(Box::new(e))))?;
     let reservation_split = reservation_split(t).map_err(err)?;
     // How a client splits its reservation over servers is carried by dmClock's and RBFQ's delta/rho: under
     // any other scheduler it would be ignored.
