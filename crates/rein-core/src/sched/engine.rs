@@ -121,9 +121,10 @@
 //!    steps of slack still lost 2%. A limit holds in every window W to l*W + `limit_burst_ios` + 1 IOs.
 //! 8. After a reservation-phase dispatch a tenant's P tag is ahead of `vnow` by at most `weight_lead_ios`
 //!    times the larger of one of its own IOs and T of its reservation (r * T / w of P; unless it already
-//!    was, from before: tags never move back). T is one IO of the smallest reservation of the tenants
-//!    here (1 / r_min), at least [`RESERVATION_LEAD_PER_IO`] (4 ms) and at most [`RESERVATION_LEAD_MAX`]
-//!    (64 ms), the same for every tenant ([`lead_time`]). In the paper the P
+//!    was, from before: tags never move back). T is the same for every tenant: the longest w / (r *
+//!    w_min) of the tenants with a reservation (w_min the smallest weight of all the tenants here),
+//!    rounded up to 4, 8, 16, 32 or 64 ms ([`RESERVATION_LEAD_PER_IO`] to [`RESERVATION_LEAD_MAX`],
+//!    [`lead_time`]); of equal weights, one IO of the smallest reservation. In the paper the P
 //!    tag of a tenant held at its reservation runs ahead without bound, so when capacity later rises it
 //!    gets only r until the others catch up, which can take minutes (mClock §2.1 with T going from 1,200
 //!    to 2,400: RD stayed at 250 for 12 s in our simulator). Steady state is unchanged: a tenant that
@@ -135,19 +136,25 @@
 //!    (r / w = 1,655 a second, w = 4.46) sat below one a little under its weight share (875, w = 2.66),
 //!    took the spare the paper gives the second, and the second got its reservation alone (2,328 of the
 //!    oracle's 2,449 IOPS; `tests/features.rs`). `16 * r * T / w` orders such riders as the paper does
-//!    wherever r * T is at least one IO: for every tenant with r >= 1 / T, which is why T is one IO of
-//!    the smallest reservation. With a fixed T of 4 ms (until 2026-12-07) riders under 250 IOPS were
-//!    ordered by 16 / w instead: the same three tenants at 1/100 of the rates (A 73.8 IOPS, B 23.3, C =
-//!    113.8) gave B 5 % under its share. T is at most 64 ms, so riders under 15.6 IOPS (r * T < 1) are
-//!    still ordered by their own-IO terms. The lead banked is at most 16 * T of a tenant's reservation
-//!    (1.02 s at 64 ms): after a capacity rise that lifts its share above r, it is held at r until virtual
-//!    time has caught up, and gets 16 * T * r IOs fewer than its new share in all (0.16 s of r at 10 ms,
-//!    over 0.16 s if the rise doubles its share, longer if it lifts it less). T changes only when tenants
-//!    or specs do (every tenant's bound then set again: O(n)).
-//!    The term also stops a bound of a few of its own IOs, far shorter than one weight-phase gap, from
-//!    forgiving reservation service to a tenant whose P tag only wobbles around vnow (r = 13,010 IOPS,
-//!    w = 4.66, beside a tenant of r = 143, w = 0.64 on 14,828 IOPS: 16 IOs are 1.2 ms of its service,
-//!    and the other got 4.9 % under its share of 1,783 IOPS).
+//!    wherever r * T is at least one IO, and T >= w / (r * w_min) >= 1 / r for every reserved tenant. With
+//!    a fixed T of 4 ms (until 2026-12-07) riders under 250 IOPS were ordered by 16 / w instead: the
+//!    same three tenants at 1/100 of the rates (A 73.8 IOPS, B 23.3, C = 113.8) gave B 5 % under its
+//!    share. Why w / w_min: the bound must also be longer than a few of the largest P step in the weight
+//!    race, the lightest tenant's IO (1 / w_min), or it forgives reservation service to a tenant whose P
+//!    tag only wobbles around vnow, whenever that step jumps past it. Seen twice: r = 13,010 IOPS, w =
+//!    4.66, beside a tenant of w = 0.64 on 14,828 IOPS (the other got 4.9 % under its share of 1,783
+//!    IOPS, the reason for the time term), and r = 250.6, w = 7.74, beside an unreserved tenant of w =
+//!    0.61 on 347.5 IOPS (which got 2.8 % under its 20.1 IOPS with T = 4 ms; T = 64 ms now). T >= w /
+//!    (r * w_min) makes every reserved tenant's bound at least 16 of those steps. T is at most 64 ms,
+//!    so where w / (r * w_min) is longer (riders under 15.6 IOPS, or weights far apart) the own-IO term
+//!    or a shorter bound rules. The lead banked is at most 16 * T of a tenant's reservation (1.02 s at
+//!    64 ms): after a capacity rise that lifts its share above r, it is held at r until virtual time has
+//!    caught up, and gets 16 * T * r IOs fewer than its new share in all (mClock §2.1's RD, T = 8 ms for
+//!    OLTP's 2 / 250: 32 IOs, 444 instead of 467 in the first second after the rise; over 16 * T if the
+//!    rise doubles its share, longer if it lifts it less). T changes only when tenants or specs do, and
+//!    then every tenant's bound is set again (O(n)); its five values keep that to four times while
+//!    tenants with ever smaller reservations are added one by one (it was once per tenant, O(n^2):
+//!    minutes for a scenario of 10^6 such tenants).
 //!    Tenants whose requests carry a distributed delta are exempt: their P tags include service received
 //!    at other servers, so a lead over this server's vnow is legitimate global accounting, and bounding
 //!    it skewed the RBFQ Fig. 11 reproduction (a flow got 94 instead of 100 IOPS).
@@ -560,12 +567,59 @@ pub(crate) const RESERVATION_LEAD_PER_IO: Nanos = Nanos::from_millis(4);
 /// The longest lead time T (invariant 8): riders are ordered by r / w down to 1 / this (15.6 IOPS).
 pub(crate) const RESERVATION_LEAD_MAX: Nanos = Nanos::from_millis(64);
 
-/// The lead time T of tenants whose smallest positive reservation is `r_min` (invariant 8): one IO of it
-/// (1 / r_min), within [`RESERVATION_LEAD_PER_IO`] and [`RESERVATION_LEAD_MAX`];
-/// [`RESERVATION_LEAD_PER_IO`] without reservations.
-fn lead_time(r_min: Option<f64>) -> Nanos {
-    let Some(r) = r_min.filter(|&r| r > 0.0) else { return RESERVATION_LEAD_PER_IO };
-    Nanos::from_secs_f64((1.0 / r).min(RESERVATION_LEAD_MAX.as_secs_f64())).max(RESERVATION_LEAD_PER_IO)
+/// The lead time T for a need of `need` seconds ([`LeadSpecs::need`], invariant 8), rounded up to
+/// [`RESERVATION_LEAD_PER_IO`] times a power of two (4, 8, 16, 32 or 64 ms), at most
+/// [`RESERVATION_LEAD_MAX`]; [`RESERVATION_LEAD_PER_IO`] without reservations. Five values, so tenants
+/// added one by one with ever smaller reservations change T (and set every bound again) at most four
+/// times, not once each.
+fn lead_time(need: Option<f64>) -> Nanos {
+    let need = need.unwrap_or(0.0);
+    let mut t = RESERVATION_LEAD_PER_IO;
+    while t < RESERVATION_LEAD_MAX && t.as_secs_f64() < need {
+        t = Nanos(t.0 * 2);
+    }
+    t
+}
+
+/// The tenants' specs as the lead time needs them (invariant 8): every tenant's weight, and each reserved
+/// tenant's weight per unit of reservation, counted (keys are `f64` bits, which order as the positive
+/// values do).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct LeadSpecs {
+    /// w, of every tenant.
+    weights: std::collections::BTreeMap<u64, u32>,
+    /// w / r, of every tenant with a reservation.
+    per_unit: std::collections::BTreeMap<u64, u32>,
+}
+
+impl LeadSpecs {
+    /// Counts `spec` in (`by` = 1) or out (-1).
+    fn count(&mut self, spec: QosSpec, by: i32) {
+        fn tally(map: &mut std::collections::BTreeMap<u64, u32>, v: f64, by: i32) {
+            let key = v.to_bits();
+            if by > 0 {
+                *map.entry(key).or_insert(0) += 1;
+            } else if let Some(n) = map.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&key);
+                }
+            }
+        }
+        tally(&mut self.weights, spec.weight(), by);
+        if spec.reservation() > 0.0 {
+            tally(&mut self.per_unit, spec.weight() / spec.reservation(), by);
+        }
+    }
+
+    /// The longest of w / (r * w_min) over the reserved tenants, in seconds (`None` without one): T at
+    /// least this gives each of them a time term (16 * T * r / w of P) of at least 16 IOs of the
+    /// lightest tenant's (16 / w_min), and of its own (w >= w_min).
+    fn need(&self) -> Option<f64> {
+        let top = f64::from_bits(*self.per_unit.keys().next_back()?);
+        let w_min = f64::from_bits(*self.weights.keys().next()?);
+        Some(top / w_min)
+    }
 }
 
 /// The P-tag advance of `time` of service at `reservation` (cost units per second)
@@ -640,11 +694,12 @@ pub(crate) struct Engine {
     batch: Option<(u32, u32, u64, Phase)>,
     /// Where virtual time is renormalised (tests move it).
     vtime: VtimeRange,
-    /// The tenants' positive reservations (`f64` bits, which order as the values do, with how many
-    /// tenants have each): the smallest sets `lead_time`.
-    reservations: std::collections::BTreeMap<u64, u32>,
+    /// What sets `lead_time`: the tenants' weights and their weights per reservation.
+    lead_specs: LeadSpecs,
     /// The lead bound's reservation time T (invariant 8): [`lead_time`] of the smallest reservation.
     lead_time: Nanos,
+    /// How many times `lead_time` changed, each setting every tenant's bound again (tests bound it).
+    lead_changes: u64,
 }
 
 /// One tenant's entry in [`Away`]: its last P tag when its queue emptied, and which emptying it was.
@@ -750,8 +805,9 @@ impl Engine {
             queued: 0,
             batch: None,
             vtime: VtimeRange::DEFAULT,
-            reservations: Default::default(),
+            lead_specs: LeadSpecs::default(),
             lead_time: RESERVATION_LEAD_PER_IO,
+            lead_changes: 0,
         };
         // The rules and the lag bound are derived from the settings in one place.
         e.set_config(config);
@@ -795,7 +851,8 @@ impl Engine {
         let mut t = Tenant::new(spec, self.time.now());
         t.apply_lead(self.config.weight_lead_ios, self.lead_time);
         let id = self.tenants.insert(self.config.limits.max_tenants, t)?;
-        self.count_reservation(spec.reservation(), 1);
+        self.lead_specs.count(spec, 1);
+        self.refresh_lead_time();
         let n = self.tenants.slots();
         self.resv.grow_slots(n);
         self.ready.grow_slots(n);
@@ -811,13 +868,12 @@ impl Engine {
         let t = self.tenants.get_mut(id)?;
         let had_r = t.r_step != 0;
         let had_l = t.l_step != 0;
-        let old_r = t.spec.reservation();
+        let old = t.spec;
         t.apply_spec(spec);
         t.apply_lead(lead_ios, lead_time);
-        if old_r != spec.reservation() {
-            self.count_reservation(old_r, -1);
-            self.count_reservation(spec.reservation(), 1);
-        }
+        self.lead_specs.count(old, -1);
+        self.lead_specs.count(spec, 1);
+        self.refresh_lead_time();
         let t = self.tenants.get_mut(id)?;
         if t.is_empty() {
             return Ok(());
@@ -838,25 +894,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Counts a tenant's reservation `r` in (`by` = 1) or out (-1) of `reservations`; when the smallest
-    /// changes the lead bound's time (invariant 8), every tenant's bound follows: O(n), on a change of
-    /// tenants or specs only.
-    fn count_reservation(&mut self, r: f64, by: i32) {
-        if r <= 0.0 {
-            return;
-        }
-        let key = r.to_bits();
-        if by > 0 {
-            *self.reservations.entry(key).or_insert(0) += 1;
-        } else if let Some(n) = self.reservations.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                self.reservations.remove(&key);
-            }
-        }
-        let time = lead_time(self.reservations.keys().next().map(|&b| f64::from_bits(b)));
+    /// Sets the lead bound's time from the counted specs (invariant 8); when it changes, every tenant's
+    /// bound follows: O(n), on a change of tenants or specs only.
+    fn refresh_lead_time(&mut self) {
+        let time = lead_time(self.lead_specs.need());
         if time != self.lead_time {
             self.lead_time = time;
+            self.lead_changes += 1;
             for t in self.tenants.values_mut() {
                 t.apply_lead(self.config.weight_lead_ios, time);
             }
@@ -865,7 +909,8 @@ impl Engine {
 
     pub(crate) fn remove_tenant(&mut self, id: TenantId) -> Result<Vec<u64>, SchedError> {
         let t = self.tenants.remove(id)?;
-        self.count_reservation(t.spec.reservation(), -1);
+        self.lead_specs.count(t.spec, -1);
+        self.refresh_lead_time();
         self.resv.remove(id.slot);
         self.ready.remove(id.slot);
         self.limited.remove(id.slot);
@@ -1236,13 +1281,13 @@ impl Engine {
         }
         assert_eq!(total, self.queued, "invariant 5");
         assert!(!self.vtime.reached(self.vnow), "invariant 9");
-        // Invariant 8's T: the counted reservations are the tenants', and every bound is set from T.
-        let mut counted = std::collections::BTreeMap::<u64, u32>::new();
-        for (_, t) in self.tenants.iter().filter(|(_, t)| t.spec.reservation() > 0.0) {
-            *counted.entry(t.spec.reservation().to_bits()).or_insert(0) += 1;
+        // Invariant 8's T: the counted specs are the tenants', and every bound is set from T.
+        let mut counted = LeadSpecs::default();
+        for (_, t) in self.tenants.iter() {
+            counted.count(t.spec, 1);
         }
-        assert_eq!(counted, self.reservations, "invariant 8: the reservations counted");
-        assert_eq!(self.lead_time, lead_time(counted.keys().next().map(|&b| f64::from_bits(b))), "invariant 8: T");
+        assert_eq!(counted, self.lead_specs, "invariant 8: the specs counted");
+        assert_eq!(self.lead_time, lead_time(counted.need()), "invariant 8: T");
         for (id, t) in self.tenants.iter() {
             let want = self
                 .config
@@ -1401,34 +1446,54 @@ mod vtime {
         assert!(p.0 + step_for_rate(w) > lead, "{r}/{w}: the bound is reached, {} of {lead}", p.0);
     }
 
-    /// Invariant 8's T is one IO of the smallest reservation here, within 4 and 64 ms, and every tenant's
-    /// bound follows it as tenants come, change and go: a tenant of 1,000 IOPS banks 16 * 4 ms of its
-    /// reservation alone, 16 * 10 ms beside one of 100 IOPS, 16 * 64 ms beside one of 5, and 16 * 4 ms
-    /// again once the small ones have gone or grown.
+    /// Invariant 8's T is the longest w / (r * w_min) of the reserved tenants, rounded up to 4, 8, 16,
+    /// 32 or 64 ms, and every tenant's bound follows it as tenants come, change and go. Of equal weights
+    /// it is one IO of the smallest reservation: a tenant of 1,000 IOPS banks 16 * 4 ms of its reservation
+    /// alone, 16 * 16 ms beside one of 100 IOPS, 16 * 64 ms beside one of 5, and 16 * 4 ms again once the
+    /// small ones have gone or grown; a tenant without a reservation counts by its weight only (one of
+    /// weight 1/8 beside tenants of 1,000 and 500 IOPS makes the second's w / (r * w_min) 16 ms).
     #[test]
-    fn the_lead_time_follows_the_smallest_reservation() {
+    fn the_lead_time_follows_the_specs() {
         assert_eq!(lead_time(None), RESERVATION_LEAD_PER_IO);
-        assert_eq!(lead_time(Some(250.0)), Nanos::from_millis(4));
-        assert_eq!(lead_time(Some(10_000.0)), Nanos::from_millis(4));
-        assert_eq!(lead_time(Some(100.0)), Nanos::from_millis(10));
-        assert_eq!(lead_time(Some(1e-3)), RESERVATION_LEAD_MAX);
+        for (need_ms, want_ms) in [(4.0, 4), (0.1, 4), (10.0, 16), (8.0, 8), (8.1, 16), (64.0, 64), (1e6, 64)] {
+            assert_eq!(lead_time(Some(need_ms / 1e3)), Nanos::from_millis(want_ms), "{need_ms} ms");
+        }
         let mut e = Engine::new(MCLOCK, SchedConfig::default());
         let big = e.add_tenant(QosSpec::new(1000.0, None, 1.0, 0).unwrap()).unwrap();
         let lead = |e: &Engine| e.tenants.at(big.slot).resv_lead;
         let of = |ms: u64| 16 * reservation_lead(1000.0, step_for_rate(1.0), Nanos::from_millis(ms));
         assert_eq!(lead(&e), of(4));
         let small = e.add_tenant(QosSpec::new(100.0, None, 1.0, 0).unwrap()).unwrap();
-        assert_eq!(lead(&e), of(10));
+        assert_eq!(lead(&e), of(16));
         let tiny = e.add_tenant(QosSpec::new(5.0, None, 1.0, 0).unwrap()).unwrap();
         assert_eq!(lead(&e), of(64));
         e.add_tenant(QosSpec::new(0.0, None, 1.0, 0).unwrap()).unwrap();
-        assert_eq!(lead(&e), of(64), "a tenant without a reservation changes nothing");
+        assert_eq!(lead(&e), of(64), "a tenant of the same weight without a reservation changes nothing");
         e.remove_tenant(tiny).unwrap();
-        assert_eq!(lead(&e), of(10));
+        assert_eq!(lead(&e), of(16));
         e.set_spec(small, QosSpec::new(500.0, None, 1.0, 0).unwrap()).unwrap();
+        assert_eq!(lead(&e), of(4));
+        let light = e.add_tenant(QosSpec::new(0.0, None, 0.125, 0).unwrap()).unwrap();
+        assert_eq!(lead(&e), of(16), "the 500 IOPS tenant's 1 / (500 * 1/8)");
+        e.remove_tenant(light).unwrap();
         assert_eq!(lead(&e), of(4));
         e.set_config(SchedConfig { weight_lead_ios: None, ..SchedConfig::default() });
         assert_eq!(lead(&e), 0, "no bound");
+    }
+
+    /// Tenants added one by one with ever smaller reservations (250 down to 15.6 IOPS, each a new smallest)
+    /// change T at most four times, so every bound is set again four times, not once a tenant (O(n^2)).
+    #[test]
+    fn tenants_of_ever_smaller_reservations_change_the_lead_time_four_times() {
+        let mut e = Engine::new(MCLOCK, SchedConfig::default());
+        let n = 10_000;
+        for i in 0..n {
+            let r = 250.0 - (250.0 - 15.625) * i as f64 / (n - 1) as f64;
+            e.add_tenant(QosSpec::new(r, None, 1.0, 0).unwrap()).unwrap();
+        }
+        assert_eq!(e.lead_time, RESERVATION_LEAD_MAX);
+        assert_eq!(e.lead_changes, 4);
+        e.check();
     }
 
     /// `TenantStats::rho` sums what the reservation clock was charged for service elsewhere: a request

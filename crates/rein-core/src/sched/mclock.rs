@@ -72,8 +72,8 @@
 //!   its P tags faster than the others; in the paper without bound, so that when capacity later rises it
 //!   gets only r_i until the others' P tags catch up (minutes, after a long clamped period). We cap the
 //!   lead at [`SchedConfig::weight_lead_ios`] times the larger of one of its own IOs and T of its
-//!   reservation, T being one IO of the smallest reservation here within 4-64 ms (default 16: 64 ms of
-//!   reservation where every reservation is 250 IOPS or more; `None` restores the paper's behaviour). See
+//!   reservation, T the longest w / (r * w_min) of the reserved tenants here rounded up to 4, 8, 16, 32
+//!   or 64 ms (default 16: 64 ms of reservation at T = 4 ms; `None` restores the paper's behaviour). See
 //!   the engine's invariant 8 for why steady-state allocations are unchanged, and why the time term.
 //!
 //! [`Cost::MAX`]: crate::Cost::MAX

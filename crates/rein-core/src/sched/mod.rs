@@ -247,8 +247,9 @@ pub struct SchedConfig {
     /// no lead or lag carried over). `None`: never.
     pub idle_age: Option<Nanos>,
     /// How far a tenant's P tag may run ahead of virtual time through reservation-phase service, in
-    /// units of the larger of one IO of its own cost and T of its reservation, where T is one IO of the
-    /// smallest reservation here, from 4 to 64 ms (engine invariant 8). Bounds the "reservation lead" (see
+    /// units of the larger of one IO of its own cost and T of its reservation, where T is the longest
+    /// w / (r * w_min) of the reserved tenants here (w_min the smallest weight) rounded up to 4, 8, 16,
+    /// 32 or 64 ms (engine invariant 8). Bounds the "reservation lead" (see
     /// `mclock`): a tenant held at its reservation cannot bank more weight-phase debt than that, so when
     /// capacity rises it gets its weight share within about this many of its IOs (or this many times T
     /// of its reservation, the larger). `None`: unbounded, exactly as in the paper.
