@@ -560,11 +560,12 @@ impl Tenant {
 }
 
 /// Reservation-phase service per IO of [`SchedConfig::weight_lead_ios`] that a tenant's P tag may lead
-/// `vnow` by, at the least (invariant 8): the lead time T of tenants whose smallest reservation is 250
-/// IOPS or more.
+/// `vnow` by, at the least (invariant 8): the lead time T where every reserved tenant's w / (r * w_min)
+/// is at most this (of equal weights, where every reservation is 250 IOPS or more).
 pub(crate) const RESERVATION_LEAD_PER_IO: Nanos = Nanos::from_millis(4);
 
-/// The longest lead time T (invariant 8): riders are ordered by r / w down to 1 / this (15.6 IOPS).
+/// The longest lead time T (invariant 8): of equal weights, riders are ordered by r / w down to 1 / this
+/// (15.6 IOPS).
 pub(crate) const RESERVATION_LEAD_MAX: Nanos = Nanos::from_millis(64);
 
 /// The lead time T for a need of `need` seconds ([`LeadSpecs::need`], invariant 8), rounded up to
@@ -696,7 +697,7 @@ pub(crate) struct Engine {
     vtime: VtimeRange,
     /// What sets `lead_time`: the tenants' weights and their weights per reservation.
     lead_specs: LeadSpecs,
-    /// The lead bound's reservation time T (invariant 8): [`lead_time`] of the smallest reservation.
+    /// The lead bound's reservation time T (invariant 8): [`lead_time`] of `lead_specs`' need.
     lead_time: Nanos,
     /// How many times `lead_time` changed, each setting every tenant's bound again (tests bound it).
     lead_changes: u64,
