@@ -836,9 +836,7 @@ impl Engine {
             }
         }
         if config.weight_lead_ios != self.config.weight_lead_ios {
-            for t in self.tenants.values_mut() {
-                t.apply_lead(config.weight_lead_ios, self.lead_time);
-            }
+            self.apply_leads(config.weight_lead_ios);
         }
         self.batch = None;
         self.config = config;
@@ -864,18 +862,17 @@ impl Engine {
     pub(crate) fn set_spec(&mut self, id: TenantId, spec: QosSpec) -> Result<(), SchedError> {
         let now = Tag::from_nanos(self.time.now());
         let r_slip = self.rules.r_slip;
-        let lead_ios = self.config.weight_lead_ios;
-        let lead_time = self.lead_time;
         let t = self.tenants.get_mut(id)?;
         let had_r = t.r_step != 0;
         let had_l = t.l_step != 0;
         let old = t.spec;
         t.apply_spec(spec);
-        t.apply_lead(lead_ios, lead_time);
         self.lead_specs.count(old, -1);
         self.lead_specs.count(spec, 1);
         self.refresh_lead_time();
+        let (lead_ios, lead_time) = (self.config.weight_lead_ios, self.lead_time);
         let t = self.tenants.get_mut(id)?;
+        t.apply_lead(lead_ios, lead_time);
         if t.is_empty() {
             return Ok(());
         }
@@ -902,9 +899,16 @@ impl Engine {
         if time != self.lead_time {
             self.lead_time = time;
             self.lead_changes += 1;
-            for t in self.tenants.values_mut() {
-                t.apply_lead(self.config.weight_lead_ios, time);
-            }
+            self.apply_leads(self.config.weight_lead_ios);
+        }
+    }
+
+    /// Sets every tenant's lead bound for `weight_lead_ios` = `cap` and the current lead time (invariant
+    /// 8): O(n), when either changes.
+    fn apply_leads(&mut self, cap: Option<u32>) {
+        let time = self.lead_time;
+        for t in self.tenants.values_mut() {
+            t.apply_lead(cap, time);
         }
     }
 
