@@ -2917,18 +2917,8 @@ mod tests {
     async fn rho_volume(a: SocketAddr, b: SocketAddr) -> Arc<RemoteVolume> {
         use rein_core::ReservationSplit;
         use rein_proto::nbd::node::NodeSplit;
-        let nodes: Vec<NodeSpec> = [("a", a), ("b", b)]
-            .into_iter()
-            .map(|(name, a)| NodeSpec {
-                name: name.into(),
-                address: NodeAddress::Tcp(a),
-                protocol: NodeProtocol::Rein,
-                tls: None,
-                log: Default::default(),
-                route: Default::default(),
-                checks: Default::default(),
-            })
-            .collect();
+        let nodes: Vec<NodeSpec> =
+            [("a", a), ("b", b)].into_iter().map(|(name, a)| node_spec(name, a, NodeProtocol::Rein)).collect();
         let tenant = NodeTenant {
             name: "t".into(),
             reservation: 100.0,
@@ -3145,15 +3135,7 @@ mod tests {
         use rein_proto::nbd::RequestKind;
         for node_fua in [false, true] {
             let (a, seen, flushes) = flush_only_node(node_fua).await;
-            let nodes = vec![NodeSpec {
-                name: "a".into(),
-                address: NodeAddress::Tcp(a),
-                protocol: NodeProtocol::Nbd,
-                tls: None,
-                log: Default::default(),
-                route: Default::default(),
-                checks: Default::default(),
-            }];
+            let nodes = vec![node_spec("a", a, NodeProtocol::Nbd)];
             let cfg = LinkConfig {
                 request_timeout: Duration::from_secs(10),
                 connect_timeout: Duration::from_secs(10),
@@ -3196,15 +3178,7 @@ mod tests {
     #[tokio::test]
     async fn a_node_connection_holds_at_most_max_pending_pieces() {
         let (a, tags) = fake_node(0, 0).await;
-        let nodes = vec![NodeSpec {
-            name: "a".into(),
-            address: NodeAddress::Tcp(a),
-            protocol: NodeProtocol::Rein,
-            tls: None,
-            log: Default::default(),
-            route: Default::default(),
-            checks: Default::default(),
-        }];
+        let nodes = vec![node_spec("a", a, NodeProtocol::Rein)];
         let cfg = LinkConfig {
             request_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(10),
@@ -3242,12 +3216,12 @@ mod tests {
         assert!(tags.lock().unwrap().len() <= MAX_PENDING_PER_CONN, "never more than the bound on the wire");
     }
 
-    /// A plain NBD node spec of `name` at `addr`.
-    fn nbd_node(name: &str, addr: SocketAddr) -> NodeSpec {
+    /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
+    fn node_spec(name: &str, addr: SocketAddr, protocol: NodeProtocol) -> NodeSpec {
         NodeSpec {
             name: name.into(),
             address: NodeAddress::Tcp(addr),
-            protocol: NodeProtocol::Nbd,
+            protocol,
             tls: None,
             log: Default::default(),
             route: Default::default(),
@@ -3281,7 +3255,7 @@ mod tests {
                 let _ = crate::testkit::serve_handshake(&mut s, &crate::testkit::export_v(), None).await;
             }
         });
-        let nodes = [nbd_node("quiet", quiet), nbd_node("wrong", wrong)];
+        let nodes = [node_spec("quiet", quiet, NodeProtocol::Nbd), node_spec("wrong", wrong, NodeProtocol::Nbd)];
         let cfg = link_config(Duration::from_secs(3));
         let exports = ["w".to_string(), "w".to_string()];
         let stripe = Stripe::new(4096, &[1, 1]).unwrap();
@@ -3304,7 +3278,10 @@ mod tests {
     async fn a_volume_over_silent_nodes_opens() {
         let a = tokio::net::TcpListener::bind("127.0.0.185:0").await.unwrap();
         let b = tokio::net::TcpListener::bind("127.0.0.185:0").await.unwrap();
-        let nodes = [nbd_node("a", a.local_addr().unwrap()), nbd_node("b", b.local_addr().unwrap())];
+        let nodes = [
+            node_spec("a", a.local_addr().unwrap(), NodeProtocol::Nbd),
+            node_spec("b", b.local_addr().unwrap(), NodeProtocol::Nbd),
+        ];
         let cfg = link_config(Duration::from_millis(500));
         let exports = ["v".to_string(), "v".to_string()];
         let t0 = Instant::now();
