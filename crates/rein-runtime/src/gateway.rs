@@ -1088,15 +1088,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, Gatewa
                 Some(NodeTls { client: client.clone(), name })
             }
         };
-        nodes.push(NodeSpec {
-            name: n.name.clone(),
-            address,
-            protocol,
-            tls,
-            log: Default::default(),
-            route: Default::default(),
-            checks: Default::default(),
-        });
+        nodes.push(NodeSpec::new(n.name.clone(), address, protocol, tls));
     }
     let node_index = |name: &str| nodes.iter().position(|n| n.name == name);
     // Tenants.

@@ -351,6 +351,20 @@ impl NodeRoute {
 }
 
 impl NodeSpec {
+    /// A node `name` at `address` speaking `protocol`, with TLS on the link if `tls` says so, and fresh
+    /// shared state (its outage log, route and checks: nothing moved, no volume registered yet).
+    pub fn new(name: impl Into<String>, address: NodeAddress, protocol: NodeProtocol, tls: Option<NodeTls>) -> Self {
+        NodeSpec {
+            name: name.into(),
+            address,
+            protocol,
+            tls,
+            log: Default::default(),
+            route: Default::default(),
+            checks: Default::default(),
+        }
+    }
+
     /// Where the node is reached now: as configured, unless a reload moved it.
     pub fn place(&self) -> Place {
         if let Some(p) = &*self.route.moved.read().unwrap_or_else(|e| e.into_inner()) {
@@ -3218,15 +3232,7 @@ mod tests {
 
     /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
     fn node_spec(name: &str, addr: SocketAddr, protocol: NodeProtocol) -> NodeSpec {
-        NodeSpec {
-            name: name.into(),
-            address: NodeAddress::Tcp(addr),
-            protocol,
-            tls: None,
-            log: Default::default(),
-            route: Default::default(),
-            checks: Default::default(),
-        }
+        NodeSpec::new(name, NodeAddress::Tcp(addr), protocol, None)
     }
 
     /// Two pooled connections per node, each connect within `connect_timeout`.

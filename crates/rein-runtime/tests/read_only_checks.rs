@@ -101,15 +101,7 @@ async fn slow_checked_node(slow: Option<Duration>) -> (SocketAddr, Arc<Checks>) 
 
 /// A plain NBD node `name` at `addr`.
 fn node_at(name: &str, addr: SocketAddr) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        address: NodeAddress::Tcp(addr),
-        protocol: NodeProtocol::Nbd,
-        tls: None,
-        log: Default::default(),
-        route: Default::default(),
-        checks: Default::default(),
-    }
+    NodeSpec::new(name, NodeAddress::Tcp(addr), NodeProtocol::Nbd, None)
 }
 
 /// One connection per node, a check every 5 ms, `connect_timeout`.
