@@ -147,12 +147,13 @@ impl WorkloadKind {
     /// The kind's name as configuration files write it.
     pub fn name(&self) -> &'static str {
         match self {
-            WorkloadKind::Closed { .. } => "closed",
-            WorkloadKind::Open { .. } => "open",
-            WorkloadKind::OnOff { .. } => "on_off",
-            WorkloadKind::Burst { .. } => "burst",
-            WorkloadKind::Trace { .. } => "trace",
+            WorkloadKind::Closed { .. } => KindName::Closed,
+            WorkloadKind::Open { .. } => KindName::Open,
+            WorkloadKind::OnOff { .. } => KindName::OnOff,
+            WorkloadKind::Burst { .. } => KindName::Burst,
+            WorkloadKind::Trace { .. } => KindName::Trace,
         }
+        .name()
     }
 
     /// Whether requests arrive whatever the service (open, burst, trace; on_off by its inner kind): what
@@ -232,7 +233,7 @@ fn default_time_scale() -> f64 {
     1.0
 }
 fn default_kind() -> String {
-    "closed".into()
+    KindName::Closed.name().into()
 }
 fn default_size_kb() -> f64 {
     4.0
@@ -313,20 +314,80 @@ impl Default for WorkloadParams {
     }
 }
 
-/// The workload kinds, as scenario files and `--job` write them.
-pub const KINDS: [&str; 5] = ["closed", "open", "on_off", "burst", "trace"];
+/// A workload's kind as [`WorkloadParams::kind`] names it, before the kind's fields are checked: the
+/// one place a kind's name is read ([`KindName::parse`]) or written ([`KindName::name`]). Validation
+/// parses the name once, first, and decides everything after on this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KindName {
+    /// [`WorkloadKind::Closed`]: `closed`.
+    Closed,
+    /// [`WorkloadKind::Open`]: `open`.
+    Open,
+    /// [`WorkloadKind::OnOff`]: `on_off`.
+    OnOff,
+    /// [`WorkloadKind::Burst`]: `burst`.
+    Burst,
+    /// [`WorkloadKind::Trace`]: `trace`.
+    Trace,
+}
+
+impl KindName {
+    /// Every kind, in the order [`WorkloadError::UnknownKind`] lists them.
+    pub const ALL: [KindName; 5] =
+        [KindName::Closed, KindName::Open, KindName::OnOff, KindName::Burst, KindName::Trace];
+
+    /// The name scenario files and `--job` write.
+    pub fn name(self) -> &'static str {
+        match self {
+            KindName::Closed => "closed",
+            KindName::Open => "open",
+            KindName::OnOff => "on_off",
+            KindName::Burst => "burst",
+            KindName::Trace => "trace",
+        }
+    }
+
+    /// The kind named exactly `name` (case and spelling as [`KindName::name`] writes it), if any.
+    pub fn parse(name: &str) -> Option<KindName> {
+        KindName::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether a workload of this kind keeps a closed window (`outstanding`): a closed one, or an on/off
+    /// one without a rate (closed inside its on periods).
+    fn keeps_window(self, has_rate: bool) -> bool {
+        match self {
+            KindName::Closed => true,
+            KindName::OnOff => !has_rate,
+            KindName::Open | KindName::Burst | KindName::Trace => false,
+        }
+    }
+
+    /// The article before the name in a sentence ("an open workload", "a closed workload").
+    fn article(self) -> &'static str {
+        match self {
+            KindName::Open | KindName::OnOff => "an",
+            KindName::Closed | KindName::Burst | KindName::Trace => "a",
+        }
+    }
+}
+
+impl std::fmt::Display for KindName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// What is wrong with a workload's parameters. Each names the field as its input writes it
 /// ([`FieldNames`]: a scenario's `rate` is `iops`, `rein load --job`'s `rate`) and the value given.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
     /// A field given that the workload's kind does not use: refused, not ignored.
-    #[error("{}", unused_text(.field, .kind, .inner, *.key_value))]
+    #[error("{}", unused_text(.field, *.kind, .inner, *.key_value))]
     Unused {
         /// The field (for `--job`, its key: `depth` of `depth x conns`).
         field: &'static str,
-        /// The kind (one of [`KINDS`]).
-        kind: &'static str,
+        /// The kind.
+        kind: KindName,
         /// What the kind does instead, where the message says it (an on/off workload's inner loop, a
         /// trace's records).
         inner: UnusedInner,
@@ -336,8 +397,8 @@ pub enum WorkloadError {
     /// A kind without a field it needs.
     #[error("{}", if *.key_value { format!("kind={kind} needs {field}=") } else { format!("{kind} workload needs {field}") })]
     Needs {
-        /// The kind (one of [`KINDS`]).
-        kind: &'static str,
+        /// The kind.
+        kind: KindName,
         /// The field it needs.
         field: &'static str,
         /// `--job`'s key=value words.
@@ -551,11 +612,11 @@ impl std::fmt::Display for UnusedInner {
 }
 
 /// [`WorkloadError::Unused`]'s message.
-fn unused_text(field: &str, kind: &str, inner: &UnusedInner, key_value: bool) -> String {
+fn unused_text(field: &str, kind: KindName, inner: &UnusedInner, key_value: bool) -> String {
     if key_value {
         format!("{field}= is not used by kind={kind}{inner}")
     } else {
-        let a = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+        let a = kind.article();
         format!("{field} is not used by {a} {kind} workload{inner}: remove it, or change the kind")
     }
 }
@@ -660,13 +721,13 @@ impl FieldNames {
 
     /// A field given that the kind does not use (`open_inner`: an on/off workload with a rate, open
     /// inside its on periods).
-    fn unused(&self, kind: &'static str, field: &'static str, open_inner: bool) -> WorkloadError {
+    fn unused(&self, kind: KindName, field: &'static str, open_inner: bool) -> WorkloadError {
         let rate = self.iops;
         let inner = match (kind, open_inner) {
-            ("on_off", true) => UnusedInner::OpenOnOff { rate },
-            ("on_off", false) => UnusedInner::ClosedOnOff { rate },
-            ("trace", _) => UnusedInner::Trace,
-            _ => UnusedInner::None,
+            (KindName::OnOff, true) => UnusedInner::OpenOnOff { rate },
+            (KindName::OnOff, false) => UnusedInner::ClosedOnOff { rate },
+            (KindName::Trace, _) => UnusedInner::Trace,
+            (KindName::Closed | KindName::Open | KindName::Burst, _) => UnusedInner::None,
         };
         // For --job, the key itself: `depth`, of the window's `depth x conns`.
         let field = if self.key_value { field.split(' ').next().unwrap_or(field) } else { field };
@@ -674,7 +735,7 @@ impl FieldNames {
     }
 
     /// A kind that misses a field it needs.
-    fn needs(&self, kind: &'static str, field: &'static str) -> WorkloadError {
+    fn needs(&self, kind: KindName, field: &'static str) -> WorkloadError {
         WorkloadError::Needs { kind, field, key_value: self.key_value }
     }
 }
@@ -846,7 +907,7 @@ impl WorkloadParams {
     /// Whether the workload as written keeps a closed window (`outstanding`): a closed one, or an on/off
     /// one without a rate (closed inside its on periods). Its other kinds refuse a window.
     pub fn keeps_window(&self) -> bool {
-        self.kind == "closed" || (self.kind == "on_off" && self.iops.is_none())
+        KindName::parse(&self.kind).is_some_and(|kind| kind.keeps_window(self.iops.is_some()))
     }
 
     /// [`WorkloadParams::validate`], errors naming the fields as `names` says their input writes them.
@@ -869,9 +930,11 @@ impl WorkloadParams {
         names: &FieldNames,
         traces: &mut TraceCache,
     ) -> Result<WorkloadSpec, WorkloadError> {
-        // The kind as one of KINDS, which its errors carry; "" for an unknown kind, which uses no field
-        // and is refused below (UnknownKind, with the kind as written).
-        let kind_name: &'static str = KINDS.iter().copied().find(|k| *k == self.kind).unwrap_or("");
+        // The kind, parsed once: every decision below is on it. An unknown one is refused first, with
+        // the kind as written.
+        let Some(kind_name) = KindName::parse(&self.kind) else {
+            return Err(WorkloadError::UnknownKind { got: self.kind.clone(), key_value: names.key_value });
+        };
         let closed = || -> Result<OnOffInner, WorkloadError> {
             let outstanding = window(names.outstanding, self.outstanding.unwrap_or(DEFAULT_OUTSTANDING))?;
             let think = millis(names.think_ms, self.think_ms.unwrap_or(0.0))?;
@@ -897,13 +960,14 @@ impl WorkloadParams {
         // A field the kind does not use is refused, not ignored ("a typo never passes silently").
         let open_inner = self.iops.is_some();
         let used: &[&str] = match kind_name {
-            "closed" => &["outstanding", "outstanding_per_server", "think_ms"],
-            "open" => &["iops"],
-            "on_off" if self.keeps_window() => &["on_s", "off_s", "outstanding", "outstanding_per_server", "think_ms"],
-            "on_off" => &["on_s", "off_s", "iops"],
-            "burst" => &["burst_count", "burst_period_ms"],
-            "trace" => &["trace"],
-            _ => &[],
+            KindName::Closed => &["outstanding", "outstanding_per_server", "think_ms"],
+            KindName::Open => &["iops"],
+            KindName::OnOff if kind_name.keeps_window(open_inner) => {
+                &["on_s", "off_s", "outstanding", "outstanding_per_server", "think_ms"]
+            }
+            KindName::OnOff => &["on_s", "off_s", "iops"],
+            KindName::Burst => &["burst_count", "burst_period_ms"],
+            KindName::Trace => &["trace"],
         };
         let given = [
             ("outstanding", names.outstanding, self.outstanding.is_some()),
@@ -921,16 +985,14 @@ impl WorkloadParams {
         ];
         // Every kind but a trace generates its requests from these.
         let generated = ["size_kb", "read_pct", "random_pct"];
-        let uses = |field: &str| used.contains(&field) || (kind_name != "trace" && generated.contains(&field));
-        if !used.is_empty() {
-            if let Some((_, name, _)) = given.iter().find(|(field, _, given)| *given && !uses(field)) {
-                return Err(names.unused(kind_name, name, open_inner));
-            }
+        let uses = |field: &str| used.contains(&field) || (kind_name != KindName::Trace && generated.contains(&field));
+        if let Some((_, name, _)) = given.iter().find(|(field, _, given)| *given && !uses(field)) {
+            return Err(names.unused(kind_name, name, open_inner));
         }
         let kind = match kind_name {
-            "closed" => closed()?.kind(),
-            "open" => open()?.kind(),
-            "on_off" => {
+            KindName::Closed => closed()?.kind(),
+            KindName::Open => open()?.kind(),
+            KindName::OnOff => {
                 let on = secs(names.on_s, self.on_s.ok_or_else(|| names.needs(kind_name, names.on_s))?)?;
                 let off = secs(names.off_s, self.off_s.ok_or_else(|| names.needs(kind_name, names.off_s))?)?;
                 if on == Nanos::ZERO {
@@ -946,7 +1008,7 @@ impl WorkloadParams {
                 let inner = if self.iops.is_some() { open()? } else { closed()? };
                 WorkloadKind::OnOff { on, off, inner }
             }
-            "burst" => {
+            KindName::Burst => {
                 let count = self.burst_count.ok_or_else(|| names.needs(kind_name, names.burst_count))?;
                 let count = window(names.burst_count, count)?;
                 let p = self.burst_period_ms.ok_or_else(|| names.needs(kind_name, names.burst_period_ms))?;
@@ -955,7 +1017,7 @@ impl WorkloadParams {
                 within_rate(&what, count as f64 / period.as_secs_f64())?;
                 WorkloadKind::Burst { count, period }
             }
-            "trace" => {
+            KindName::Trace => {
                 let t = self.trace.as_ref().ok_or_else(|| names.needs(kind_name, names.trace))?;
                 positive(names.time_scale, t.time_scale)?;
                 let mut path = std::path::PathBuf::from(&t.path);
@@ -1000,7 +1062,6 @@ impl WorkloadParams {
                 }
                 WorkloadKind::Trace { records, time_scale: t.time_scale, repeat: t.repeat }
             }
-            _ => return Err(WorkloadError::UnknownKind { got: self.kind.clone(), key_value: names.key_value }),
         };
         let (size_kb, read_pct, random_pct) = (
             self.size_kb.unwrap_or_else(default_size_kb),
@@ -1540,6 +1601,45 @@ mod tests {
             .contains("unknown field"));
     }
 
+    /// The kind table: each kind's name parses to that kind and back to the same name, and is the name
+    /// files write and the unknown-kind message lists (in its order); validation reads the name as that
+    /// kind. A name spelled or cased otherwise is refused with the unknown-kind message, as written.
+    #[test]
+    fn kind_names_parse_to_their_kind_and_no_other_spelling_does() {
+        let names: Vec<&str> = KindName::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names, ["closed", "open", "on_off", "burst", "trace"]);
+        let listed = format!("expected {} or {}", names[..names.len() - 1].join(", "), names[names.len() - 1]);
+        let check = |p: &WorkloadParams, names: &FieldNames| p.validate_as(Nanos::from_secs(10), None, &[], names);
+        for kind in KindName::ALL {
+            assert_eq!(KindName::parse(kind.name()), Some(kind), "{kind:?}");
+            assert_eq!(kind.to_string(), kind.name());
+            // With no other field, a closed loop is valid and every other kind needs one of its own.
+            let p = WorkloadParams { kind: kind.name().into(), ..Default::default() };
+            match check(&p, &FieldNames::SCENARIO) {
+                Ok(spec) => assert_eq!((kind, spec.kind.name()), (KindName::Closed, kind.name())),
+                Err(WorkloadError::Needs { kind: needs, .. }) => assert_eq!(needs, kind),
+                Err(e) => panic!("{kind:?}: {e}"),
+            }
+        }
+        for got in ["Closed", "OPEN", "on-off", "onoff", "On_Off", " burst", "trace ", "", "sometimes"] {
+            assert_eq!(KindName::parse(got), None, "{got:?}");
+            let p = WorkloadParams { kind: got.into(), ..Default::default() };
+            assert!(!p.keeps_window(), "{got:?}");
+            for (names, message) in [
+                (FieldNames::SCENARIO, format!("workload kind {got:?}: {listed}")),
+                (FieldNames::JOB, format!("kind={got}: {listed}")),
+            ] {
+                match check(&p, &names) {
+                    Err(e @ WorkloadError::UnknownKind { .. }) => {
+                        assert!(matches!(&e, WorkloadError::UnknownKind { got: g, .. } if g == got));
+                        assert_eq!(e.to_string(), message);
+                    }
+                    other => panic!("{got:?}: {other:?}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_parameters_name_the_field() {
         let err = |p: WorkloadParams| p.validate(Nanos::from_secs(10), None, &[]).unwrap_err().to_string();
@@ -1747,13 +1847,13 @@ mod tests {
         refused!(
             err(WorkloadParams { iops: Some(5.0), ..closed.clone() }),
             WorkloadError::Unused { field, kind, inner: UnusedInner::None, key_value: false }
-                if *field == "iops" && *kind == "closed",
+                if *field == "iops" && *kind == KindName::Closed,
             "iops is not used by a closed workload: remove it, or change the kind"
         );
         refused!(
             job(WorkloadParams { outstanding: Some(1), ..open.clone() }),
             WorkloadError::Unused { field, kind, inner: UnusedInner::None, key_value: true }
-                if *field == "depth" && *kind == "open",
+                if *field == "depth" && *kind == KindName::Open,
             "depth= is not used by kind=open"
         );
         refused!(
@@ -1771,12 +1871,12 @@ mod tests {
         );
         refused!(
             err(WorkloadParams { kind: "open".into(), ..closed.clone() }),
-            WorkloadError::Needs { kind, field, key_value: false } if *kind == "open" && *field == "iops",
+            WorkloadError::Needs { kind, field, key_value: false } if *kind == KindName::Open && *field == "iops",
             "open workload needs iops"
         );
         refused!(
             job(WorkloadParams { kind: "open".into(), ..closed.clone() }),
-            WorkloadError::Needs { kind, field, key_value: true } if *kind == "open" && *field == "rate",
+            WorkloadError::Needs { kind, field, key_value: true } if *kind == KindName::Open && *field == "rate",
             "kind=open needs rate="
         );
         refused!(

@@ -19,7 +19,7 @@
 
 use crate::load::Job;
 use rein_core::Nanos;
-use rein_model::workload::{FieldNames, TraceParams, WorkloadError, WorkloadParams};
+use rein_model::workload::{FieldNames, KindName, TraceParams, WorkloadError, WorkloadParams};
 use std::collections::BTreeSet;
 
 /// Most connections one job opens.
@@ -255,17 +255,17 @@ fn parse_keys(spec: &str, run: Nanos) -> Result<Job, JobKeyError> {
     // The kind follows from the keys given unless named.
     p.kind = kind.unwrap_or_else(|| {
         let k = if trace.is_some() {
-            "trace"
+            KindName::Trace
         } else if p.burst_count.is_some() {
-            "burst"
+            KindName::Burst
         } else if p.on_s.is_some() || p.off_s.is_some() {
-            "on_off"
+            KindName::OnOff
         } else if p.iops.is_some() {
-            "open"
+            KindName::Open
         } else {
-            "closed"
+            KindName::Closed
         };
-        k.to_string()
+        k.name().to_string()
     });
     // A closed loop keeps `depth` requests outstanding per connection (a product beyond u32 is beyond the
     // workload's bound anyway); a depth given to a kind without a window is refused by the workload's

@@ -5,7 +5,7 @@ use super::server::Server;
 use crate::file::{RoutingFile, TenantFile};
 use rein_core::sched::dmclock::{DEFAULT_SPREAD_WINDOW_IOS, MAX_SPREAD_WINDOW_IOS};
 use rein_core::{Nanos, Num, QosSpec, ReservationSplit, SchedulerKind, SpecError};
-use rein_model::workload::{TraceCache, WorkloadError, WorkloadSpec};
+use rein_model::workload::{KindName, TraceCache, WorkloadError, WorkloadSpec};
 use rein_model::Routing;
 use std::fmt;
 use std::path::Path;
@@ -312,7 +312,7 @@ pub(crate) fn validate_tenant(
             Routing::Shares(v)
         }
         Some(RoutingFile::Devices { devices }) => {
-            if t.workload.kind != "trace" {
+            if KindName::parse(&t.workload.kind) != Some(KindName::Trace) {
                 return Err(err(TenantFault::DevicesNotTrace { workload: t.workload.kind.clone() }));
             }
             let mut map = Vec::new();
@@ -456,6 +456,10 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().ends_with("its servers run mclock"), "{e}");
+        // Only a trace routes by device: a kind cased otherwise is not one, and is named as written.
+        let e = refused("routing = { devices = { a = [0] } }\n[tenants.workload]\nkind = \"Trace\"");
+        assert!(matches!(&e.fault, TenantFault::DevicesNotTrace { workload } if workload == "Trace"), "{e:?}");
+        assert!(e.to_string().ends_with("routing.devices routes trace records; the workload is \"Trace\""), "{e}");
     }
 
     #[test]
