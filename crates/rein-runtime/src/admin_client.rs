@@ -501,8 +501,8 @@ mod tests {
         use openssl::ssl::{SslAcceptor, SslFiletype};
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        rein_test_pki::make_ca(d, "ca", "ca");
-        rein_test_pki::make_cert(d, "ca", "srv", "srv", &rein_test_pki::server("IP:127.0.0.227"));
+        rein_testkit::pki::make_ca(d, "ca", "ca");
+        rein_testkit::pki::make_cert(d, "ca", "srv", "srv", &rein_testkit::pki::server("IP:127.0.0.227"));
         let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).unwrap();
         b.set_certificate_chain_file(d.join("srv-cert.pem")).unwrap();
         b.set_private_key_file(d.join("srv-key.pem"), SslFiletype::PEM).unwrap();

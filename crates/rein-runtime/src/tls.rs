@@ -1557,7 +1557,7 @@ pub struct TlsError(pub String);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rein_test_pki as pki;
+    use rein_testkit::pki;
 
     /// A client that knows a PSK identity's name but not its key, offering it with a wrong key and
     /// TLS_AES_256_GCM_SHA384 alone (OpenSSL looks the identity up, then drops the PSK for the suite's
@@ -1603,7 +1603,7 @@ mod tests {
         }
     }
 
-    /// A test PKI in a directory (rein-test-pki, the `openssl` command): a root CA, an intermediate CA
+    /// A test PKI in a directory (rein-testkit's `pki`, the `openssl` command): a root CA, an intermediate CA
     /// it signed, a client certificate under each (bob under the intermediate, alice under the root),
     /// and the server's certificate; CRLs are `pki::revoke` and `pki::make_crl` in [`Pki::dir`].
     struct Pki(tempfile::TempDir);

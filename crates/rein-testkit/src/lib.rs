@@ -1,5 +1,7 @@
 //! Test support shared by the tests of several crates: loop devices ([`LoopDev`]) and file systems on
-//! them ([`LoopFs`]), each a guard that releases what it made when dropped, also when the test panics.
+//! them ([`LoopFs`]), each a guard that releases what it made when dropped, also when the test panics;
+//! and test certificates, keys and CRLs made with the `openssl` command ([`pki`]; the crate
+//! `rein-test-pki` until 2026-12-07: one test-support crate, not two, for the same two users).
 //!
 //! Before, each crate had its own: rein-runtime's storage unit tests and its `live` integration tests
 //! (`LoopFs`, `LoopNodes`) and rein's integration tests (`common::LoopDev`, a `LoopFs` in `check_config`,
@@ -18,5 +20,6 @@
 #![forbid(unsafe_code)]
 
 mod loop_device;
+pub mod pki;
 
 pub use loop_device::{LoopDev, LoopFs};

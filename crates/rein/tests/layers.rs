@@ -449,17 +449,11 @@ fn a_cycle_is_caught() {
 /// The test-support crates, each with why it is one: crates of test helpers shared by several crates'
 /// tests, `publish = false`, depended on only as dev-dependencies. A crate with `publish = false` must be
 /// listed here (and a listed one must have it).
-const TEST_SUPPORT: [(&str, &str); 2] = [
-    (
-        "rein-test-pki",
-        "test certificates, keys and CRLs (the openssl command), for rein-runtime's and rein's TLS tests",
-    ),
-    (
-        "rein-testkit",
-        "loop devices and file systems on them (losetup, mkfs, mount, as root), released when dropped, for \
-         rein-runtime's and rein's tests",
-    ),
-];
+const TEST_SUPPORT: [(&str, &str); 1] = [(
+    "rein-testkit",
+    "loop devices and file systems on them (losetup, mkfs, mount, as root), released when dropped, and test \
+     certificates, keys and CRLs (the openssl command), for rein-runtime's and rein's tests",
+)];
 
 /// The names of the crates a manifest depends on in its `kind` tables (`dependencies`,
 /// `build-dependencies`, `dev-dependencies`), also per target (`[target.'cfg(..)'.dependencies]`); a

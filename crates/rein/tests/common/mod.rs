@@ -2,12 +2,12 @@
 //! processes: each daemon on its own 127.0.0.x address (port 0, chosen by the OS) in a temporary directory
 //! ([`serve`], or [`serve_in`] and [`gateway_in`] for a daemon in a directory of its own beside others),
 //! killed when its [`Server`] is dropped. Each test binary uses a part of it (hence `dead_code`); the openssl certificate
-//! helpers are [`tls`], the rein-test-pki crate (which rein-runtime's unit tests use too), and the loop
-//! devices and file systems on them ([`LoopDev`], [`LoopFs`]) are the rein-testkit crate's (likewise).
+//! helpers are [`tls`], rein-testkit's `pki` module (which rein-runtime's unit tests use too), and the
+//! loop devices and file systems on them ([`LoopDev`], [`LoopFs`]) are rein-testkit's too (likewise).
 #![allow(dead_code)]
 
 #[allow(unused_imports)] // as `dead_code` above: not every test binary makes certificates
-pub(crate) use rein_test_pki as tls;
+pub(crate) use rein_testkit::pki as tls;
 #[allow(unused_imports)] // as `dead_code` above: not every test binary makes loop devices
 pub(crate) use rein_testkit::{LoopDev, LoopFs};
 

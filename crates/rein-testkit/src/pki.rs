@@ -3,17 +3,15 @@
 //! (crates/rein/tests, as `common::tls`) both use. Before, each had its own (a `Pki` type in the unit
 //! tests, these functions in the integration tests), doing the same `openssl req`/`x509`/`ca` calls.
 //!
-//! Why a crate: the two users are in two crates, and rein-runtime's unit tests cannot reach rein's test
-//! files (rein depends on rein-runtime, not the reverse). A module of rein-runtime behind a feature
+//! Why in this crate: the two users are in two crates, and rein-runtime's unit tests cannot reach rein's
+//! test files (rein depends on rein-runtime, not the reverse). A module of rein-runtime behind a feature
 //! that rein's tests turned on would do, but Cargo unifies a dev-dependency's features with the normal
 //! dependency's for the targets built together, so the `rein` binary that rein's tests run would carry
-//! it. This crate is a dev-dependency only and depends on nothing.
+//! it. rein-testkit is a dev-dependency only and depends on no crate of the workspace.
 //!
 //! Names: the CA `ca` is `<ca>-cert.pem` and `<ca>-key.pem`; a certificate `name` is `<name>-cert.pem`
 //! and `<name>-key.pem`; keys are P-256; everything is valid for 2 days unless said otherwise. A CA's
 //! database for revocation (`<ca>.cnf`, `<ca>-index.txt`, `<ca>-crlnumber`) is written on first use.
-#![forbid(unsafe_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
