@@ -125,19 +125,21 @@ impl PassedSocket {
     }
 
     /// A TCP socket's local address (the error names the descriptor).
-    pub fn tcp_addr(&self) -> Result<std::net::SocketAddr, String> {
+    pub fn tcp_addr(&self) -> Result<std::net::SocketAddr, ActivationError> {
         match &self.listener {
-            Listener::Tcp(l) => l.local_addr().map_err(|e| format!("fd {}: {e}", self.fd)),
-            Listener::Unix(_) => Err(format!("fd {}: a Unix socket where TCP is needed", self.fd)),
+            Listener::Tcp(l) => l.local_addr().map_err(|source| ActivationError::Io { fd: self.fd, source }),
+            Listener::Unix(_) => Err(ActivationError::UnixForTcp { fd: self.fd }),
         }
     }
 
     /// The TCP listener for tokio (a role served over TCP never holds a Unix socket: [`from_env`]
     /// refuses one). The error names the descriptor. Must run inside a tokio runtime.
-    pub fn into_tcp(self) -> Result<tokio::net::TcpListener, String> {
+    pub fn into_tcp(self) -> Result<tokio::net::TcpListener, ActivationError> {
         match self.listener {
-            Listener::Tcp(l) => tokio::net::TcpListener::from_std(l).map_err(|e| format!("fd {}: {e}", self.fd)),
-            Listener::Unix(_) => Err(format!("fd {}: a Unix socket where TCP is needed", self.fd)),
+            Listener::Tcp(l) => {
+                tokio::net::TcpListener::from_std(l).map_err(|source| ActivationError::Io { fd: self.fd, source })
+            }
+            Listener::Unix(_) => Err(ActivationError::UnixForTcp { fd: self.fd }),
         }
     }
 }
@@ -186,34 +188,182 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// Call it early, before the process opens descriptors of its own (the binary does, before its
 /// runtime): the variables are the manager's word that descriptors 3 and on were open when this
 /// process started, and are this process's to take.
-pub fn from_env(daemon: &str, roles: &[Role]) -> Result<Passed, String> {
+pub fn from_env(daemon: &str, roles: &[Role]) -> Result<Passed, ActivationError> {
     let var = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
     let listed = listed(
         var("LISTEN_FDS").as_deref(),
         var("LISTEN_PID").as_deref(),
         var("LISTEN_FDNAMES").as_deref(),
         std::process::id(),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     if listed.is_empty() {
         return Ok(Passed::none());
     }
     if TAKEN.swap(true, Ordering::SeqCst) {
-        return Err("the passed sockets were taken already, by another daemon in this process".into());
+        return Err(ActivationError::TakenAlready);
     }
     let count = listed.len();
     let mut taken = Vec::with_capacity(count);
     for (fd, name) in listed {
-        let owned = take_fd(fd).map_err(|e| {
-            let last = FIRST_FD + count as RawFd - 1;
-            match e.raw_os_error() {
-                Some(libc::EBADF) => format!("fd {fd}: not open (LISTEN_FDS={count} passes fds {FIRST_FD} to {last})"),
-                _ => format!("fd {fd}: {e}"),
-            }
+        let owned = take_fd(fd).map_err(|source| match source.raw_os_error() {
+            Some(libc::EBADF) => ActivationError::NotOpen { fd, count },
+            _ => ActivationError::Io { fd, source },
         })?;
         taken.push((fd, name, owned));
     }
     assign(daemon, roles, taken)
+}
+
+/// Why the passed sockets cannot be taken ([`from_env`]), or a passed socket cannot serve what it is
+/// for ([`PassedSocket::tcp_addr`], [`PassedSocket::into_tcp`], [`crate::sock::NbdListeners::passed`]):
+/// the variable, or the descriptor and what is wrong with it (module comment, "Refused").
+#[derive(Debug, thiserror::Error)]
+pub enum ActivationError {
+    /// `$LISTEN_FDS`, `$LISTEN_PID` or `$LISTEN_FDNAMES` pass no sockets this process can take.
+    #[error(transparent)]
+    Env(#[from] ListenEnvError),
+    /// Another daemon in this process took the descriptors first (invariant 1).
+    #[error("the passed sockets were taken already, by another daemon in this process")]
+    TakenAlready,
+    /// A descriptor `$LISTEN_FDS` passes is not open.
+    #[error("fd {fd}: not open (LISTEN_FDS={count} passes fds {FIRST_FD} to {})", last_passed(.count))]
+    NotOpen {
+        /// The descriptor.
+        fd: RawFd,
+        /// How many `$LISTEN_FDS` passes.
+        count: usize,
+    },
+    /// The operating system refused an operation on a passed descriptor (taking it, its address, its
+    /// registration with tokio).
+    #[error("fd {fd}: {source}")]
+    Io {
+        /// The descriptor.
+        fd: RawFd,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// A socket without a name of its own among several (only a lone one takes the first role).
+    #[error(
+        "fd {fd} has {} among {count} passed sockets: name each (FileDescriptorName=: {names})",
+        no_name_shown(.name)
+    )]
+    Unnamed {
+        /// The descriptor.
+        fd: RawFd,
+        /// Its name: empty, `unknown` or the socket unit's (`NAME.socket`).
+        name: String,
+        /// How many sockets were passed.
+        count: usize,
+        /// The daemon's role names, comma-separated.
+        names: String,
+    },
+    /// A name the daemon has no role for.
+    #[error("fd {fd} is named {name:?}: {daemon} takes sockets named {names} (FileDescriptorName=)")]
+    UnknownName {
+        /// The descriptor.
+        fd: RawFd,
+        /// Its name.
+        name: String,
+        /// The daemon, as its command names it.
+        daemon: String,
+        /// The daemon's role names, comma-separated.
+        names: String,
+    },
+    /// A second socket for a role that takes one.
+    #[error("fd {fd} is a second socket for {} ({}): it takes one", .role.what, .role.name)]
+    Second {
+        /// The descriptor.
+        fd: RawFd,
+        /// The role it is named for.
+        role: Role,
+    },
+    /// A socket that cannot serve its role.
+    #[error("fd {fd} (for {}, {}): {why}", .role.what, .role.name)]
+    Unusable {
+        /// The descriptor.
+        fd: RawFd,
+        /// The role it is named for.
+        role: Role,
+        /// Why not.
+        why: UnusableSocket,
+    },
+    /// A Unix socket where TCP is needed.
+    #[error("fd {fd}: a Unix socket where TCP is needed")]
+    UnixForTcp {
+        /// The descriptor.
+        fd: RawFd,
+    },
+    /// No socket for NBD among those passed, where the caller needs one.
+    #[error("no NBD socket was passed")]
+    NoNbd,
+}
+
+/// The last descriptor `$LISTEN_FDS` = `count` passes ([`ActivationError::NotOpen`]).
+fn last_passed(count: &usize) -> RawFd {
+    FIRST_FD + *count as RawFd - 1
+}
+
+/// What [`UnusableSocket::Family`] adds when the role takes a Unix socket too.
+fn or_unix(unix: &bool) -> &'static str {
+    if *unix {
+        " or Unix"
+    } else {
+        ""
+    }
+}
+
+/// How [`ActivationError::Unnamed`] shows a name that is no name.
+fn no_name_shown(name: &str) -> String {
+    if name.is_empty() {
+        "no name".to_string()
+    } else {
+        format!("no name of its own ({name:?})")
+    }
+}
+
+/// Why a passed socket cannot serve its role ([`ActivationError::Unusable`]).
+#[derive(Debug, thiserror::Error)]
+pub enum UnusableSocket {
+    /// The descriptor is not a socket.
+    #[error("not a socket")]
+    NotSocket,
+    /// Not a stream socket (`ListenDatagram=`, `ListenSequentialPacket=`).
+    #[error("{}; it takes a listening stream socket (ListenStream=)", socket_type_shown(.ty))]
+    NotStream {
+        /// Its type.
+        ty: socket2::Type,
+    },
+    /// A stream socket that does not listen (a connection, passed under `Accept=yes`).
+    #[error(
+        "a stream socket that does not listen (Accept=yes passes each connection, not the listener: the socket \
+         unit needs Accept=no)"
+    )]
+    NotListening,
+    /// A Unix socket for a role served over TCP.
+    #[error("a Unix socket; it is served over TCP (ListenStream=ADDRESS:PORT)")]
+    UnixForTcp,
+    /// A socket of another family than TCP's (or Unix, where the role takes it).
+    #[error("a socket of family {domain:?}; it takes TCP{}", or_unix(.unix))]
+    Family {
+        /// Its family.
+        domain: socket2::Domain,
+        /// Whether the role takes a Unix socket.
+        unix: bool,
+    },
+    /// The operating system refused to read or set the socket's options.
+    #[error("{0}")]
+    Io(io::Error),
+}
+
+/// How [`UnusableSocket::NotStream`] shows a socket's type.
+fn socket_type_shown(ty: &socket2::Type) -> String {
+    if *ty == socket2::Type::DGRAM {
+        "a datagram socket (ListenDatagram=)".to_string()
+    } else if *ty == socket2::Type::SEQPACKET {
+        "a sequential-packet socket (ListenSequentialPacket=)".to_string()
+    } else {
+        format!("a socket of type {ty:?}")
+    }
 }
 
 /// Marks every descriptor from 3 on that this process holds without close-on-exec (what its parent
@@ -284,10 +434,10 @@ pub(crate) fn listed(
 const FOR_ME: &str = "the sockets are passed to the process that LISTEN_PID names; a wrapper must exec the daemon \
                       (not start it as a child) or unset LISTEN_FDS";
 
-/// Why `$LISTEN_FDS`, `$LISTEN_PID` and `$LISTEN_FDNAMES` pass no sockets this process can take ([`listed`]):
-/// the variable and its value.
+/// Why `$LISTEN_FDS`, `$LISTEN_PID` and `$LISTEN_FDNAMES` pass no sockets this process can take
+/// ([`from_env`], [`ActivationError::Env`]): the variable and its value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum ListenEnvError {
+pub enum ListenEnvError {
     /// `LISTEN_FDS` is not a number.
     #[error("LISTEN_FDS={text:?} is not a number of descriptors")]
     FdsNotNumber {
@@ -341,69 +491,59 @@ fn unnamed(name: &str) -> bool {
 }
 
 /// Gives each taken socket its role and checks that it can serve it (module comment).
-fn assign(daemon: &str, roles: &[Role], taken: Vec<(RawFd, String, OwnedFd)>) -> Result<Passed, String> {
+fn assign(daemon: &str, roles: &[Role], taken: Vec<(RawFd, String, OwnedFd)>) -> Result<Passed, ActivationError> {
     let names = roles.iter().map(|r| r.name).collect::<Vec<_>>().join(", ");
     let count = taken.len();
     let mut passed = Passed::none();
     for (fd, name, owned) in taken {
         let role = if unnamed(&name) {
-            let shown = if name.is_empty() { "no name".to_string() } else { format!("no name of its own ({name:?})") };
             if count > 1 {
-                return Err(format!(
-                    "fd {fd} has {shown} among {count} passed sockets: name each (FileDescriptorName=: {names})"
-                ));
+                return Err(ActivationError::Unnamed { fd, name, count, names });
             }
             &roles[0]
         } else {
-            roles.iter().find(|r| r.name == name).ok_or_else(|| {
-                format!("fd {fd} is named {name:?}: {daemon} takes sockets named {names} (FileDescriptorName=)")
-            })?
+            match roles.iter().find(|r| r.name == name) {
+                Some(r) => r,
+                None => return Err(ActivationError::UnknownName { fd, name, daemon: daemon.to_string(), names }),
+            }
         };
         if !role.many && passed.sockets.iter().any(|(r, _)| *r == role.name) {
-            return Err(format!("fd {fd} is a second socket for {} ({}): it takes one", role.what, role.name));
+            return Err(ActivationError::Second { fd, role: *role });
         }
-        let listener = listener(socket2::Socket::from(owned), role)
-            .map_err(|e| format!("fd {fd} (for {}, {}): {e}", role.what, role.name))?;
+        let listener = listener(socket2::Socket::from(owned), role).map_err(|why| ActivationError::Unusable {
+            fd,
+            role: *role,
+            why,
+        })?;
         passed.sockets.push((role.name, PassedSocket { fd, listener }));
     }
     Ok(passed)
 }
 
 /// The socket as a listener for `role`, close-on-exec and non-blocking; the error says why it cannot be.
-fn listener(s: socket2::Socket, role: &Role) -> Result<Listener, String> {
+fn listener(s: socket2::Socket, role: &Role) -> Result<Listener, UnusableSocket> {
     // First, whatever follows: a descriptor of this process is not left to the programs it starts.
-    s.set_cloexec(true).map_err(|e| e.to_string())?;
+    s.set_cloexec(true).map_err(UnusableSocket::Io)?;
     let ty = s.r#type().map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOTSOCK) => "not a socket".to_string(),
-        _ => e.to_string(),
+        Some(libc::ENOTSOCK) => UnusableSocket::NotSocket,
+        _ => UnusableSocket::Io(e),
     })?;
     if ty != socket2::Type::STREAM {
-        let kind = if ty == socket2::Type::DGRAM {
-            "a datagram socket (ListenDatagram=)".to_string()
-        } else if ty == socket2::Type::SEQPACKET {
-            "a sequential-packet socket (ListenSequentialPacket=)".to_string()
-        } else {
-            format!("a socket of type {ty:?}")
-        };
-        return Err(format!("{kind}; it takes a listening stream socket (ListenStream=)"));
+        return Err(UnusableSocket::NotStream { ty });
     }
-    if !s.is_listener().map_err(|e| e.to_string())? {
-        return Err(
-            "a stream socket that does not listen (Accept=yes passes each connection, not the listener: the socket \
-             unit needs Accept=no)"
-                .into(),
-        );
+    if !s.is_listener().map_err(UnusableSocket::Io)? {
+        return Err(UnusableSocket::NotListening);
     }
-    s.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let domain = s.domain().map_err(|e| e.to_string())?;
+    s.set_nonblocking(true).map_err(UnusableSocket::Io)?;
+    let domain = s.domain().map_err(UnusableSocket::Io)?;
     if domain == socket2::Domain::IPV4 || domain == socket2::Domain::IPV6 {
         Ok(Listener::Tcp(s.into()))
     } else if domain == socket2::Domain::UNIX && role.unix {
         Ok(Listener::Unix(s.into()))
     } else if domain == socket2::Domain::UNIX {
-        Err("a Unix socket; it is served over TCP (ListenStream=ADDRESS:PORT)".into())
+        Err(UnusableSocket::UnixForTcp)
     } else {
-        Err(format!("a socket of family {domain:?}; it takes TCP{}", if role.unix { " or Unix" } else { "" }))
+        Err(UnusableSocket::Family { domain, unix: role.unix })
     }
 }
 
@@ -525,7 +665,7 @@ mod tests {
     }
 
     /// `assign` over sockets made here, numbered from 3 as if passed.
-    fn assign_named(sockets: Vec<(&str, OwnedFd)>) -> Result<Passed, String> {
+    fn assign_named(sockets: Vec<(&str, OwnedFd)>) -> Result<Passed, ActivationError> {
         let taken = (3..).zip(sockets).map(|(fd, (name, s))| (fd, name.to_string(), s)).collect();
         assign("rein serve", &[NBD, ADMIN], taken)
     }
@@ -553,34 +693,85 @@ mod tests {
     #[test]
     fn every_other_socket_is_an_error_naming_its_descriptor() {
         let dir = tempfile::tempdir().unwrap();
-        let e = assign_named(vec![("nbd", tcp()), ("metrics", tcp())]).map(drop).unwrap_err();
+        let e = assign_named(vec![("nbd", tcp()), ("metrics", tcp())]).map(drop).unwrap_err().to_string();
         assert_eq!(e, "fd 4 is named \"metrics\": rein serve takes sockets named nbd, admin (FileDescriptorName=)");
-        let e = assign_named(vec![("nbd", tcp()), ("rein-serve.socket", tcp())]).map(drop).unwrap_err();
+        let e = assign_named(vec![("nbd", tcp()), ("rein-serve.socket", tcp())]).map(drop).unwrap_err().to_string();
         assert_eq!(
             e,
             "fd 4 has no name of its own (\"rein-serve.socket\") among 2 passed sockets: name each \
              (FileDescriptorName=: nbd, admin)"
         );
-        let e = assign_named(vec![("admin", tcp()), ("admin", tcp())]).map(drop).unwrap_err();
+        let e = assign_named(vec![("admin", tcp()), ("admin", tcp())]).map(drop).unwrap_err().to_string();
         assert_eq!(e, "fd 4 is a second socket for the admin endpoint (admin): it takes one");
-        let e = assign_named(vec![("admin", unix(dir.path(), "a.sock"))]).map(drop).unwrap_err();
+        let e = assign_named(vec![("admin", unix(dir.path(), "a.sock"))]).map(drop).unwrap_err().to_string();
         assert_eq!(
             e,
             "fd 3 (for the admin endpoint, admin): a Unix socket; it is served over TCP (ListenStream=ADDRESS:PORT)"
         );
         let udp: OwnedFd = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().into();
-        let e = assign_named(vec![("nbd", udp)]).map(drop).unwrap_err();
+        let e = assign_named(vec![("nbd", udp)]).map(drop).unwrap_err().to_string();
         assert_eq!(
             e,
             "fd 3 (for NBD, nbd): a datagram socket (ListenDatagram=); it takes a listening stream socket (ListenStream=)"
         );
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let connected: OwnedFd = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap().into();
-        let e = assign_named(vec![("nbd", connected)]).map(drop).unwrap_err();
+        let e = assign_named(vec![("nbd", connected)]).map(drop).unwrap_err().to_string();
         assert!(e.starts_with("fd 3 (for NBD, nbd): a stream socket that does not listen (Accept=yes"), "{e}");
         let file: OwnedFd = std::fs::File::create(dir.path().join("f")).unwrap().into();
-        let e = assign_named(vec![("nbd", file)]).map(drop).unwrap_err();
+        let e = assign_named(vec![("nbd", file)]).map(drop).unwrap_err().to_string();
         assert_eq!(e, "fd 3 (for NBD, nbd): not a socket");
+    }
+
+    /// A role served over TCP given a Unix socket (which [`assign`] refuses, so only a caller's mistake
+    /// reaches these) is an error naming the descriptor, not a panic.
+    #[test]
+    fn a_unix_socket_where_tcp_is_needed_is_an_error_naming_its_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let unix = |name: &str| std::os::unix::net::UnixListener::bind(dir.path().join(name)).unwrap();
+        let p = PassedSocket { fd: 7, listener: Listener::Unix(unix("a.sock")) };
+        assert_eq!(p.tcp_addr().unwrap_err().to_string(), "fd 7: a Unix socket where TCP is needed");
+        let p = PassedSocket { fd: 8, listener: Listener::Unix(unix("b.sock")) };
+        assert_eq!(p.into_tcp().unwrap_err().to_string(), "fd 8: a Unix socket where TCP is needed");
+    }
+
+    /// Each refusal of a passed socket is its [`ActivationError`] variant, carrying the descriptor and
+    /// the role (the texts are checked above, unchanged from the `String` error).
+    #[test]
+    fn socket_refusals_are_typed() {
+        use ActivationError as E;
+        let dir = tempfile::tempdir().unwrap();
+        let tcp = || -> OwnedFd { std::net::TcpListener::bind("127.0.0.211:0").unwrap().into() };
+        let e = assign_named(vec![("nbd", tcp()), ("metrics", tcp())]).map(drop).unwrap_err();
+        assert!(
+            matches!(&e, E::UnknownName { fd: 4, name, daemon, .. } if name == "metrics" && daemon == "rein serve")
+        );
+        let e = assign_named(vec![("", tcp()), ("nbd", tcp())]).map(drop).unwrap_err();
+        assert!(matches!(&e, E::Unnamed { fd: 3, count: 2, .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "fd 3 has no name among 2 passed sockets: name each (FileDescriptorName=: nbd, admin)"
+        );
+        let e = assign_named(vec![("admin", tcp()), ("admin", tcp())]).map(drop).unwrap_err();
+        assert!(matches!(e, E::Second { fd: 4, role: ADMIN }), "{e:?}");
+        let e = assign_named(vec![("admin", unix(dir.path(), "a.sock"))]).map(drop).unwrap_err();
+        assert!(matches!(e, E::Unusable { fd: 3, role: ADMIN, why: UnusableSocket::UnixForTcp }), "{e:?}");
+        let udp: OwnedFd = std::net::UdpSocket::bind("127.0.0.211:0").unwrap().into();
+        let e = assign_named(vec![("nbd", udp)]).map(drop).unwrap_err();
+        assert!(
+            matches!(e, E::Unusable { fd: 3, role: NBD, why: UnusableSocket::NotStream { ty } } if ty == socket2::Type::DGRAM),
+            "{e:?}"
+        );
+        let file: OwnedFd = std::fs::File::create(dir.path().join("f")).unwrap().into();
+        let e = assign_named(vec![("nbd", file)]).map(drop).unwrap_err();
+        assert!(matches!(e, E::Unusable { fd: 3, role: NBD, why: UnusableSocket::NotSocket }), "{e:?}");
+        let p = PassedSocket {
+            fd: 7,
+            listener: Listener::Unix(std::os::unix::net::UnixListener::bind(dir.path().join("u")).unwrap()),
+        };
+        assert!(matches!(p.tcp_addr(), Err(E::UnixForTcp { fd: 7 })));
+        // fd N not open: the range the variables pass.
+        assert_eq!(E::NotOpen { fd: 4, count: 2 }.to_string(), "fd 4: not open (LISTEN_FDS=2 passes fds 3 to 4)");
     }
 
     #[test]

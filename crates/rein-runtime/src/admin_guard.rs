@@ -389,9 +389,9 @@ pub enum AdminListenError {
     /// Its token file, or an exposed address without one ([`prepare`]).
     #[error(transparent)]
     Guard(#[from] AdminGuardError),
-    /// The socket a service manager passed cannot be used; the message names the descriptor and why.
+    /// The socket a service manager passed cannot be used; the error names the descriptor and why.
     #[error("socket activation: {0}")]
-    Activation(String),
+    Activation(crate::activation::ActivationError),
     /// The configured address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

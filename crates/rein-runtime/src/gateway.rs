@@ -1283,13 +1283,13 @@ pub enum GatewayError {
         /// The operating system's error.
         source: std::io::Error,
     },
-    /// The Unix socket (`listen_unix`) could not be bound; the message names the path and why.
+    /// The Unix socket (`listen_unix`) could not be bound; the error names the path and why.
     #[error("cannot listen on the Unix socket {0}")]
-    BindUnix(String),
-    /// A socket the service manager passed cannot be used ([`crate::activation`]); the message names the
+    BindUnix(crate::sock::UnixBindError),
+    /// A socket the service manager passed cannot be used ([`crate::activation`]); the error names the
     /// descriptor and why.
     #[error("socket activation: {0}")]
-    Activation(String),
+    Activation(crate::activation::ActivationError),
     /// The PARDA host could not start (its UDP socket or board file), or a volume's tenant is not one of
     /// its VMs.
     #[error("{0}")]

@@ -818,7 +818,7 @@ pub async fn run(
     reload: Option<ControllerReload>,
 ) -> Result<(), String> {
     crate::stall::watch_process();
-    let activation = |e: String| format!("socket activation: {e}");
+    let activation = |e: crate::activation::ActivationError| format!("socket activation: {e}");
     let listener = match passed.take_one(&crate::activation::PSHIFT) {
         Some(p) => {
             p.log_use("the pShift link", &format!("listen = {}", s.listen));

@@ -101,13 +101,13 @@ pub enum ServeError {
         /// The operating system's error.
         source: std::io::Error,
     },
-    /// The Unix socket (`listen_unix`) could not be bound; the message names the path and why.
+    /// The Unix socket (`listen_unix`) could not be bound; the error names the path and why.
     #[error("cannot listen on the Unix socket {0}")]
-    BindUnix(String),
-    /// A socket the service manager passed cannot be used ([`crate::activation`]); the message names the
+    BindUnix(crate::sock::UnixBindError),
+    /// A socket the service manager passed cannot be used ([`crate::activation`]); the error names the
     /// descriptor and why.
     #[error("socket activation: {0}")]
-    Activation(String),
+    Activation(crate::activation::ActivationError),
     /// The dispatcher refused a configured tenant (too many tenants) or stopped.
     #[error("dispatcher: {0}")]
     Dispatcher(#[from] crate::dispatch::IoError),
@@ -225,11 +225,10 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
     // A start binds it there and fails if the directory is missing (docs: "The directory must exist").
     if let Some(u) = &eff.listen_unix {
         if let Some(dir) = u.path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
-            return Err(ServeError::BindUnix(format!(
-                "{}: its directory {} does not exist (listen_unix)",
-                u.path.display(),
-                dir.display()
-            )));
+            return Err(ServeError::BindUnix(crate::sock::UnixBindError::NoDirectory {
+                path: u.path.clone(),
+                dir: dir.to_path_buf(),
+            }));
         }
     }
     crate::preflight::check_exports(&eff.exports)?;

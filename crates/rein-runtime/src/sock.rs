@@ -456,33 +456,97 @@ impl Drop for UnixSocketFile {
 
 /// Binds a Unix socket at `path` with file mode `mode`, replacing a stale socket file nothing listens on
 /// (invariant 1). Must run inside a tokio runtime.
-pub fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, UnixSocketFile), String> {
-    let shown = path.display();
+pub fn bind_unix(path: &Path, mode: u32) -> Result<(UnixListener, UnixSocketFile), UnixBindError> {
+    let at = || path.to_path_buf();
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => return Err(format!("{shown}: another server listens on this socket")),
+            Ok(_) => return Err(UnixBindError::Live { path: at() }),
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                std::fs::remove_file(path).map_err(|e| format!("{shown}: cannot remove the stale socket: {e}"))?;
-                tracing::info!(path = %shown, "removed a stale Unix socket (nothing listened on it)");
+                std::fs::remove_file(path).map_err(|source| UnixBindError::RemoveStale { path: at(), source })?;
+                tracing::info!(path = %path.display(), "removed a stale Unix socket (nothing listened on it)");
             }
-            Err(e) => return Err(format!("{shown}: exists, and cannot tell whether a server listens on it: {e}")),
+            Err(source) => return Err(UnixBindError::Unknown { path: at(), source }),
         },
-        Ok(_) => return Err(format!("{shown}: exists and is not a socket (not removed)")),
+        Ok(_) => return Err(UnixBindError::NotSocket { path: at() }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("{shown}: {e}")),
+        Err(source) => return Err(UnixBindError::Io { path: at(), source }),
     }
     // Bound, given its mode, and only then listening: no client connects under the umask's mode first.
-    let err = |e: io::Error| format!("{shown}: {e}");
+    let err = |source: io::Error| UnixBindError::Io { path: at(), source };
     let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).map_err(err)?;
     socket.bind(&socket2::SockAddr::unix(path).map_err(err)?).map_err(err)?;
     let m = std::fs::symlink_metadata(path).map_err(err)?;
     let file = UnixSocketFile { path: path.to_path_buf(), inode: (m.dev(), m.ino()) };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("{shown}: cannot set mode {mode:04o}: {e}"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| UnixBindError::Mode {
+        path: at(),
+        mode,
+        source,
+    })?;
     socket.listen(1024).map_err(err)?;
     socket.set_nonblocking(true).map_err(err)?;
     let listener = UnixListener::from_std(socket.into()).map_err(err)?;
     Ok((listener, file))
+}
+
+/// Why a Unix socket cannot be bound at its path ([`bind_unix`]): the path, and what is there or what
+/// the operating system said.
+#[derive(Debug, thiserror::Error)]
+pub enum UnixBindError {
+    /// A server listens on the socket at the path (invariant 1: it is not replaced).
+    #[error("{}: another server listens on this socket", .path.display())]
+    Live {
+        /// The socket's path.
+        path: PathBuf,
+    },
+    /// A stale socket (nothing listens on it) could not be removed.
+    #[error("{}: cannot remove the stale socket: {source}", .path.display())]
+    RemoveStale {
+        /// The socket's path.
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// A socket is there, and connecting to it neither reached a server nor was refused.
+    #[error("{}: exists, and cannot tell whether a server listens on it: {source}", .path.display())]
+    Unknown {
+        /// The socket's path.
+        path: PathBuf,
+        /// The error connecting to it.
+        source: io::Error,
+    },
+    /// Something other than a socket is at the path (invariant 1: it is not removed).
+    #[error("{}: exists and is not a socket (not removed)", .path.display())]
+    NotSocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The socket file's mode could not be set.
+    #[error("{}: cannot set mode {mode:04o}: {source}", .path.display())]
+    Mode {
+        /// The socket's path.
+        path: PathBuf,
+        /// The mode asked for.
+        mode: u32,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// The socket file's directory does not exist (found by `rein serve --check-config`; a start would
+    /// fail to bind).
+    #[error("{}: its directory {} does not exist (listen_unix)", .path.display(), .dir.display())]
+    NoDirectory {
+        /// The socket's path.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+    /// The operating system refused to look at the path, or to make, bind or listen on the socket.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The socket's path.
+        path: PathBuf,
+        /// The operating system's error.
+        source: io::Error,
+    },
 }
 
 /// A daemon's NBD listeners (`rein serve`'s and `rein gateway`'s): TCP and, if configured, the Unix
@@ -529,10 +593,10 @@ pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
 pub enum NbdListenError {
     /// `listen` (the address) could not be bound.
     Bind(SocketAddr, io::Error),
-    /// `listen_unix` could not be bound; the message names the path and why.
-    BindUnix(String),
-    /// A passed socket cannot be used; the message names its descriptor.
-    Activation(String),
+    /// `listen_unix` could not be bound; the error names the path and why.
+    BindUnix(UnixBindError),
+    /// A passed socket cannot be used; the error names its descriptor.
+    Activation(crate::activation::ActivationError),
 }
 
 impl NbdListeners {
@@ -559,7 +623,7 @@ impl NbdListeners {
     }
 
     /// The bound TCP listener and, if `unix` names one, the Unix socket, bound here ([`bind_unix`]).
-    pub fn new(tcp: TcpListener, unix: Option<&UnixListen>) -> Result<NbdListeners, String> {
+    pub fn new(tcp: TcpListener, unix: Option<&UnixListen>) -> Result<NbdListeners, UnixBindError> {
         let mut listeners = vec![NbdListener::Tcp(tcp)];
         if let Some(u) = unix {
             let (l, file) = bind_unix(&u.path, u.mode)?;
@@ -570,10 +634,12 @@ impl NbdListeners {
 
     /// The sockets a service manager passed for NBD (at least one), for tokio; the error names the
     /// descriptor. Must run inside a tokio runtime.
-    pub fn passed(sockets: Vec<crate::activation::PassedSocket>) -> Result<NbdListeners, String> {
+    pub fn passed(
+        sockets: Vec<crate::activation::PassedSocket>,
+    ) -> Result<NbdListeners, crate::activation::ActivationError> {
         let mut listeners = Vec::with_capacity(sockets.len());
         for s in sockets {
-            let err = |e: io::Error| format!("fd {}: {e}", s.fd);
+            let err = |source: io::Error| crate::activation::ActivationError::Io { fd: s.fd, source };
             listeners.push(match s.listener {
                 crate::activation::Listener::Tcp(l) => NbdListener::Tcp(TcpListener::from_std(l).map_err(err)?),
                 crate::activation::Listener::Unix(l) => {
@@ -582,7 +648,7 @@ impl NbdListeners {
             });
         }
         if listeners.is_empty() {
-            return Err("no NBD socket was passed".into());
+            return Err(crate::activation::ActivationError::NoNbd);
         }
         Ok(NbdListeners { listeners, next: Default::default() })
     }
@@ -830,12 +896,18 @@ mod tests {
         assert_eq!(&got, b"pong");
         // A live one is not replaced (the probe's connection is one the live server sees close at once).
         let e = bind_unix(&path, 0o600).unwrap_err();
-        assert!(e.contains("another server listens"), "{e}");
+        assert!(matches!(&e, UnixBindError::Live { path: p } if *p == path), "{e:?}");
+        assert!(e.to_string().contains("another server listens"), "{e}");
+        let tcp = tokio::net::TcpListener::bind("127.0.0.211:0").await.unwrap();
+        let e = NbdListeners::new(tcp, Some(&UnixListen { path: path.clone(), mode: 0o600 })).unwrap_err();
+        assert_eq!(e.to_string(), format!("{}: another server listens on this socket", path.display()));
         drop(l);
         assert!(!path.exists(), "the socket file is removed with its listener");
         // A regular file at the path is left alone.
         std::fs::write(&path, b"data").unwrap();
-        assert!(bind_unix(&path, 0o600).unwrap_err().contains("is not a socket"));
+        let e = bind_unix(&path, 0o600).unwrap_err();
+        assert!(matches!(&e, UnixBindError::NotSocket { path: p } if *p == path), "{e:?}");
+        assert_eq!(e.to_string(), format!("{}: exists and is not a socket (not removed)", path.display()));
         assert_eq!(std::fs::read(&path).unwrap(), b"data");
     }
 
@@ -877,7 +949,9 @@ mod tests {
         let l = NbdListeners::passed(vec![PassedSocket { fd: 3, listener: Listener::Unix(unix) }]).unwrap();
         assert_eq!((l.tcp_addr(), l.tcp_shown()), (None, "none".to_string()));
         assert_eq!(l.shown(), dir.path().join("only.sock").display().to_string());
-        assert_eq!(NbdListeners::passed(vec![]).unwrap_err(), "no NBD socket was passed");
+        let e = NbdListeners::passed(vec![]).unwrap_err();
+        assert!(matches!(e, crate::activation::ActivationError::NoNbd), "{e:?}");
+        assert_eq!(e.to_string(), "no NBD socket was passed");
     }
 
     /// The process's user id, from the file it just created (no unsafe `getuid`).

@@ -441,6 +441,29 @@ fn a_passed_socket_the_daemon_cannot_use_is_a_start_error_naming_it() {
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
 }
 
+/// `$LISTEN_FDS` and `$LISTEN_PID` naming the daemon itself (a wrapper that execs it, as it should)
+/// over a descriptor that is not open: the start stops with one error naming the descriptor and the
+/// range the variables pass, not a panic or a socket taken at random.
+#[test]
+fn a_passed_descriptor_that_is_not_open_is_a_start_error_naming_it() {
+    let tmp = tmpdir("activation-closed");
+    let config = config_file(tmp.path(), 211, MEMORY);
+    // The shell closes fd 3 and execs rein in its own place (same process id, so $$ is rein's).
+    let out = Command::new("sh")
+        .args(["-c", "exec 3<&-; LISTEN_PID=$$ exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_rein"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env("LISTEN_FDS", "1")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("error: socket activation: fd 3: not open (LISTEN_FDS=1 passes fds 3 to 3)\n"), "{err}");
+    assert_eq!(err.matches("socket activation").count(), 1, "{err}");
+}
+
 /// `rein gateway` takes a passed NBD socket and a passed admin socket (served although gw.toml names no
 /// admin address), and `rein pshift controller` one for where its servers connect (`pshift`).
 #[test]
