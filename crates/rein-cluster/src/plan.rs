@@ -304,10 +304,10 @@ fn file_name_safe(name: &str) -> bool {
 /// Ends node `server`'s rein.toml of `exports` exports: refused past what `rein serve` takes, and a
 /// node that serves nothing (a server no tenant uses, or only with a zero routing share) gets one unused
 /// export, as `rein serve` needs one (the simulator runs such a server idle).
-pub(crate) fn end_exports(t: &mut String, server: &str, exports: usize) -> Result<(), String> {
+pub(crate) fn end_exports(t: &mut String, server: &str, exports: usize) -> Result<(), ExportsError> {
     let max = rein_runtime::config::MAX_EXPORTS;
     if exports > max {
-        return Err(format!("server {server}: {exports} tenants use it, and a rein serve node takes at most {max}"));
+        return Err(ExportsError { server: server.to_string(), exports, max });
     }
     if exports == 0 {
         t.push_str(
@@ -345,16 +345,148 @@ fn check_first(first: Ipv4Addr) -> Result<(), PlanError> {
 /// How many processes fit from `first` (checked by [`check_first`]) to its `.254`, each on its own
 /// address (invariant 2): a plan's `processes` (the scenario's `what`) must, or it is refused naming
 /// `--first-address`.
-fn check_room(first: Ipv4Addr, processes: usize, what: &str) -> Result<(), String> {
+fn check_room(first: Ipv4Addr, processes: usize, what: &str) -> Result<(), RoomError> {
     let room = usize::from(LAST_HOST) + 1 - usize::from(first.octets()[3]);
     if processes <= room {
         return Ok(());
     }
+    Err(RoomError { what: what.to_string(), processes, first, room })
+}
+
+/// The last address a plan from `first` can use: its `.254` ([`RoomError`]).
+fn last_host(first: &Ipv4Addr) -> Ipv4Addr {
     let [a, b, c, _] = first.octets();
-    Err(format!(
-        "{what} need {processes} processes, each on its own address; from {first} (--first-address) to \
-         {a}.{b}.{c}.{LAST_HOST} at most {room} fit"
-    ))
+    Ipv4Addr::new(a, b, c, LAST_HOST)
+}
+
+/// A plan's processes do not fit from its first address to that address's `.254` ([`check_room`];
+/// invariant 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} need {processes} processes, each on its own address; from {first} (--first-address) to {} at \
+     most {room} fit",
+    last_host(.first)
+)]
+pub(crate) struct RoomError {
+    /// What the scenario has that needs them (servers, gateways, hosts, a controller).
+    pub what: String,
+    /// How many processes.
+    pub processes: usize,
+    /// The first address.
+    pub first: Ipv4Addr,
+    /// How many fit.
+    pub room: usize,
+}
+
+/// A server more tenants use than a `rein serve` node takes exports ([`rein_runtime::config::MAX_EXPORTS`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("server {server}: {exports} tenants use it, and a rein serve node takes at most {max}")]
+pub(crate) struct ExportsError {
+    /// The server.
+    pub server: String,
+    /// The exports its node would have.
+    pub exports: usize,
+    /// The most a node takes.
+    pub max: usize,
+}
+
+/// Why a table of a node's or gateway's config cannot be written so that it reads back as the value it
+/// was written from (invariant 1); the message names the table or the value, the caller the server.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// A cost model `[mclock] cost_model` cannot express.
+    #[error("cost model {0:?} has no rein.toml form")]
+    CostModel(CostModel),
+    /// The table as written does not parse (`table`: `[parda]`, `[mclock]`).
+    #[error("{table} as written: {source}")]
+    Parse {
+        /// The table.
+        table: &'static str,
+        /// The parser's error.
+        source: Box<toml::de::Error>,
+    },
+    /// The `[parda]` table as written is refused by its validator.
+    #[error("[parda] as written: {0}")]
+    Parda(rein_model::parda_settings::PardaSettingsError),
+    /// The `[mclock]` table as written is refused by its validator.
+    #[error("[mclock] as written: {0}")]
+    Mclock(rein_model::sched_settings::SettingsError),
+    /// The `[device_model]` table as written is refused by its validator.
+    #[error("[device_model] as written: {0}")]
+    Device(rein_model::device::DeviceError),
+    /// The `[parda]` table reads back as other settings.
+    #[error("the PARDA settings {written:?} read back as {back:?}")]
+    PardaBack {
+        /// The scenario's.
+        written: Box<Parda>,
+        /// As read back.
+        back: Box<Parda>,
+    },
+    /// The `[mclock]` table reads back as other settings.
+    #[error("the scheduler settings {written:?} read back as {back:?}")]
+    MclockBack {
+        /// The server's.
+        written: Box<SchedConfig>,
+        /// As read back.
+        back: Box<SchedConfig>,
+    },
+    /// The `[device_model]` table reads back as another device.
+    #[error("the device {written:?} reads back as {back:?}")]
+    DeviceBack {
+        /// The server's.
+        written: Box<DeviceSpec>,
+        /// As read back.
+        back: Box<DeviceSpec>,
+    },
+}
+
+/// Routing shares that make no stripe widths ([`widths`]); the caller names the tenant.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SharesError {
+    /// A share that is negative or not finite, or all zero.
+    #[error("routing shares {shares:?}: need finite non-negative shares, not all zero")]
+    Invalid {
+        /// The shares.
+        shares: Vec<f64>,
+    },
+    /// No widths within 1% of the ratios sum to at most [`MAX_WIDTH_SUM`].
+    #[error(
+        "routing shares {shares:?}: no stripe widths summing to at most {MAX_WIDTH_SUM} within 1% of their ratios"
+    )]
+    TooWide {
+        /// The shares.
+        shares: Vec<f64>,
+    },
+}
+
+/// Why a tenant's routing makes no gateway stripe ([`stripe`]); the message names the tenant.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StripeError {
+    /// `stripe_kb` above the gateway's largest stripe unit.
+    #[error(
+        "tenant {tenant}: routing stripe_kb must be at most {max} (1 GiB) for a gateway, the largest stripe \
+         unit rein gateway takes"
+    )]
+    UnitTooLarge {
+        /// The tenant.
+        tenant: String,
+        /// The largest unit (KiB, [`rein_runtime::gateway::MAX_STRIPE_KB`]).
+        max: u64,
+    },
+    /// `stripe_kb` not a whole number of KiB.
+    #[error("tenant {tenant}: stripe_kb must be whole KiB for a gateway")]
+    NotWholeKib {
+        /// The tenant.
+        tenant: String,
+    },
+    /// Its routing shares make no widths.
+    #[error("tenant {tenant}: {shares}")]
+    Shares {
+        /// The tenant.
+        tenant: String,
+        /// Why not.
+        shares: SharesError,
+    },
 }
 
 impl Plan {
@@ -410,7 +542,7 @@ impl Plan {
                 true => format!("{} servers and a controller", sc.servers.len()),
                 false => format!("{} servers", sc.servers.len()),
             };
-            check_room(first, processes, &what).map_err(invalid)?;
+            check_room(first, processes, &what).map_err(|e| invalid(e.to_string()))?;
             let (nodes, controller) =
                 pshift::processes(sc, ps, |i| addr3(i, false).map(|(nbd, admin, _)| (nbd, admin)))?;
             let endpoints = sc
@@ -451,7 +583,7 @@ impl Plan {
             multi.len(),
             sc.hosts.len()
         );
-        check_room(first, processes, &what).map_err(invalid)?;
+        check_room(first, processes, &what).map_err(|e| invalid(e.to_string()))?;
         let mut nodes = Vec::with_capacity(sc.servers.len());
         for (i, s) in sc.servers.iter().enumerate() {
             let (nbd, admin, _) = addr3(i, false)?;
@@ -525,7 +657,7 @@ impl Plan {
             let (nbd, admin, _) = addr3(sc.servers.len() + gateways.len(), false)?;
             debug_assert!(sc.hosts.is_empty(), "a PARDA scenario's tenants are VMs on hosts or on one server");
             let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
-            let (unit_kb, w) = stripe(t).map_err(invalid)?;
+            let (unit_kb, w) = stripe(t).map_err(|e| invalid(e.to_string()))?;
             let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
             let layout = Stripe::new(unit_kb * 1024, &w).map_err(|e| invalid(format!("tenant {}: {e}", t.name)))?;
             gateways.push(GatewayPlan { tenant: t.name.clone(), nbd, admin, udp: None, config: text });
@@ -561,7 +693,7 @@ fn check_parda(sc: &Scenario, p: &Parda) -> Result<(), (String, String)> {
 }
 
 /// The `[parda]` table for `p`, checked to read back as `p` (invariant 1).
-pub fn parda_table(p: &Parda) -> Result<String, String> {
+pub fn parda_table(p: &Parda) -> Result<String, TableError> {
     let c = &p.config;
     let mut t = format!(
         "[parda]\nlatency_threshold_ms = {}\nalpha = {}\ngamma = {}\nperiod_s = {}\nw_min = {}\nw_max = {}\n",
@@ -600,8 +732,8 @@ pub fn parda_table(p: &Parda) -> Result<String, String> {
     struct Table {
         parda: rein_model::parda_settings::PardaFile,
     }
-    let back: Table = toml::from_str(&t).map_err(|e| format!("[parda] as written: {e}"))?;
-    let back = back.parda.validate().map_err(|e| format!("[parda] as written: {e}"))?;
+    let back: Table = toml::from_str(&t).map_err(|e| TableError::Parse { table: "[parda]", source: Box::new(e) })?;
+    let back = back.parda.validate().map_err(TableError::Parda)?;
     let near = |a: u64, b: u64| a.abs_diff(b) <= 1;
     let eq = |x: f64, y: f64| (x - y).abs() <= 1e-12 * x.abs().max(y.abs());
     let (b, d) = (&back.config, c);
@@ -615,7 +747,7 @@ pub fn parda_table(p: &Parda) -> Result<String, String> {
         && (back.aggregation, back.beta_per_share, back.local_scheduler, back.batch, back.batch_distance, back.enabled)
             == (p.aggregation, p.beta_per_share, p.local_scheduler, p.batch, p.batch_distance, p.enabled);
     if !same {
-        return Err(format!("the PARDA settings {p:?} read back as {back:?}"));
+        return Err(TableError::PardaBack { written: Box::new(p.clone()), back: Box::new(back) });
     }
     Ok(t)
 }
@@ -672,10 +804,10 @@ fn host_config(
         );
     }
     g.push('\n');
-    g.push_str(&parda_table(p)?);
+    g.push_str(&parda_table(p).map_err(|e| e.to_string())?);
     // The local scheduler's settings: the scenario's, as the simulator's hosts run them.
     g.push('\n');
-    g.push_str(&mclock_table(&sc.sched)?);
+    g.push_str(&mclock_table(&sc.sched).map_err(|e| e.to_string())?);
     let _ = write!(g, "\n[parda_host]\nid = {h}\ncontrolled = {}\n", host.controlled);
     if let Some(b) = host.beta {
         let _ = writeln!(g, "beta = {}", f(b));
@@ -726,10 +858,10 @@ pub fn aim(stripe: &Stripe, k: usize, offset: u64, len: u64, volume: u64) -> u64
 /// Routing shares as stripe widths: small integers in the same ratios. Integer shares are reduced by
 /// their gcd; others are scaled to the smallest integers within 1% of the ratios. A zero share is a
 /// zero width (the node is not used). Errors name the shares.
-pub fn widths(shares: &[f64]) -> Result<Vec<u64>, String> {
+pub fn widths(shares: &[f64]) -> Result<Vec<u64>, SharesError> {
     let min = shares.iter().copied().filter(|&s| s > 0.0).fold(f64::INFINITY, f64::min);
     if !min.is_finite() || shares.iter().any(|s| !(s.is_finite() && *s >= 0.0)) {
-        return Err(format!("routing shares {shares:?}: need finite non-negative shares, not all zero"));
+        return Err(SharesError::Invalid { shares: shares.to_vec() });
     }
     let ratios: Vec<f64> = shares.iter().map(|s| s / min).collect();
     for m in 1..=1000u64 {
@@ -744,9 +876,7 @@ pub fn widths(shares: &[f64]) -> Result<Vec<u64>, String> {
             return Ok(w);
         }
     }
-    Err(format!(
-        "routing shares {shares:?}: no stripe widths summing to at most {MAX_WIDTH_SUM} within 1% of their ratios"
-    ))
+    Err(SharesError::TooWide { shares: shares.to_vec() })
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
@@ -786,7 +916,7 @@ fn f(x: f64) -> String {
 }
 
 /// The `[mclock]` table for `c`, checked to read back as `c` (invariant 1).
-pub fn mclock_table(c: &SchedConfig) -> Result<String, String> {
+pub fn mclock_table(c: &SchedConfig) -> Result<String, TableError> {
     let count = |v: Option<u32>| v.map_or("\"none\"".to_string(), |n| n.to_string());
     let lag = match c.reservation_lag {
         ReservationLag::Arrival => "arrival".to_string(),
@@ -798,7 +928,7 @@ pub fn mclock_table(c: &SchedConfig) -> Result<String, String> {
         CostModel::PerByte { unit_bytes: 1 } => "\"bytes\"".to_string(),
         // knee = Tm * Bpeak: Tm = 1 ms, Bpeak = knee / 1 ms (checked below).
         CostModel::SeekTransfer { knee_bytes } => format!("{{ tm_ms = 1.0, bpeak_mb_s = {} }}", f(knee_bytes / 1e3)),
-        other => return Err(format!("cost model {other:?} has no rein.toml form")),
+        other => return Err(TableError::CostModel(other)),
     };
     let pool = match c.pool_return {
         None => "pool_return = \"off\"\n".to_string(),
@@ -823,16 +953,17 @@ pub fn mclock_table(c: &SchedConfig) -> Result<String, String> {
     struct Table {
         mclock: SchedSettingsFile,
     }
-    let back: Table = toml::from_str(&text).map_err(|e| format!("[mclock] as written: {e}"))?;
-    let back = back.mclock.resolve().map_err(|e| format!("[mclock] as written: {e}"))?;
+    let back: Table =
+        toml::from_str(&text).map_err(|e| TableError::Parse { table: "[mclock]", source: Box::new(e) })?;
+    let back = back.mclock.resolve().map_err(TableError::Mclock)?;
     if back != *c {
-        return Err(format!("the scheduler settings {c:?} read back as {back:?}"));
+        return Err(TableError::MclockBack { written: Box::new(*c), back: Box::new(back) });
     }
     Ok(text)
 }
 
 /// The `[device_model]` table for `d`, checked to read back as `d` (invariant 1).
-pub fn device_table(d: &DeviceSpec, seed: u64, stream: u64) -> Result<String, String> {
+pub fn device_table(d: &DeviceSpec, seed: u64, stream: u64) -> Result<String, TableError> {
     let mut t = format!("[device_model]\ncapacity_iops = {}\n", f(d.capacity_iops));
     let mut disk = None;
     match d.service {
@@ -904,9 +1035,9 @@ pub fn device_table(d: &DeviceSpec, seed: u64, stream: u64) -> Result<String, St
         capacity_schedule: steps,
     }
     .validate()
-    .map_err(|e| format!("[device_model] as written: {e}"))?;
+    .map_err(TableError::Device)?;
     if !same_device(&back, d) {
-        return Err(format!("the device {d:?} reads back as {back:?}"));
+        return Err(TableError::DeviceBack { written: Box::new(d.clone()), back: Box::new(back) });
     }
     Ok(t)
 }
@@ -986,13 +1117,17 @@ fn node_config(
     }
     let mut exports = 0;
     for &(tenant, k) in users {
-        let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
+        let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant).map_err(|e| e.to_string())?.1 };
         if widths[k] == 0 {
             // A zero share: the tenant's volume has no stripe here.
             continue;
         }
         exports += 1;
-        let size = if tenant.servers.len() == 1 { export_mb(tenant) } else { piece_mb(tenant, widths[k])? };
+        let size = if tenant.servers.len() == 1 {
+            export_mb(tenant)
+        } else {
+            piece_mb(tenant, widths[k]).map_err(|e| e.to_string())?
+        };
         // No readahead: the device model sets the timing, and the kernel's readahead of a sparse file
         // zero-fills pages in the dispatcher's thread (`FileMode::readahead`: a 1,000 IOPS limit
         // delivered 947 with it on this VM's 8 MiB window).
@@ -1004,12 +1139,12 @@ fn node_config(
         );
         t.push_str(&tenant_entry(&tenant.name, &tenant.server_specs[k]));
     }
-    end_exports(&mut t, &s.name, exports)?;
+    end_exports(&mut t, &s.name, exports).map_err(|e| e.to_string())?;
     Ok(t)
 }
 
 /// A tenant's stripe unit (KiB) and widths over its servers.
-pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
+pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), StripeError> {
     match &t.routing {
         Routing::Stripe { stripe_bytes } => {
             // The gateway's own bound, checked here so that the plan fails before anything starts (the
@@ -1018,18 +1153,17 @@ pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
             // was called "not whole KiB").
             let max = rein_runtime::gateway::MAX_STRIPE_KB;
             if *stripe_bytes > max * 1024 {
-                return Err(format!(
-                    "tenant {}: routing stripe_kb must be at most {max} (1 GiB) for a gateway, the largest \
-                     stripe unit rein gateway takes",
-                    t.name
-                ));
+                return Err(StripeError::UnitTooLarge { tenant: t.name.clone(), max });
             }
             if stripe_bytes % 1024 != 0 {
-                return Err(format!("tenant {}: stripe_kb must be whole KiB for a gateway", t.name));
+                return Err(StripeError::NotWholeKib { tenant: t.name.clone() });
             }
             Ok((stripe_bytes / 1024, vec![1; t.servers.len()]))
         }
-        Routing::Shares(s) => Ok((SHARES_STRIPE_KB, widths(s).map_err(|e| format!("tenant {}: {e}", t.name))?)),
+        Routing::Shares(s) => {
+            let w = widths(s).map_err(|shares| StripeError::Shares { tenant: t.name.clone(), shares })?;
+            Ok((SHARES_STRIPE_KB, w))
+        }
         // Each device's records are aimed into its server's units by the load (`JobRoute::devices`).
         Routing::Device(_) => Ok((DEVICE_STRIPE_KB, vec![1; t.servers.len()])),
     }
@@ -1037,7 +1171,7 @@ pub fn stripe(t: &Tenant) -> Result<(u64, Vec<u64>), String> {
 
 /// The size (MiB) of a node's piece of width `w` of a tenant's striped export (node-spec.md's bound:
 /// ceil(size / (W U)) * w * U bytes, rounded up to MiB).
-fn piece_mb(t: &Tenant, w: u64) -> Result<u64, String> {
+fn piece_mb(t: &Tenant, w: u64) -> Result<u64, StripeError> {
     let (unit_kb, widths) = stripe(t)?;
     let unit = unit_kb * 1024;
     let total: u64 = widths.iter().sum();
@@ -1053,7 +1187,7 @@ fn gateway_config(
     nbd: SocketAddr,
     admin: SocketAddr,
 ) -> Result<String, String> {
-    let (unit_kb, widths) = stripe(t)?;
+    let (unit_kb, widths) = stripe(t).map_err(|e| e.to_string())?;
     let mut g = format!(
         "# rein cluster: tenant {} of scenario {}\nlisten = {}\nadmin = {}\nshutdown_timeout_s = 2\n",
         t.name,
@@ -1169,9 +1303,103 @@ mod tests {
         // 1 : pi: 6 : 19 is the first within 1% (19/6 is 0.8% above pi).
         assert_eq!(widths(&[1.0, std::f64::consts::PI]).unwrap(), vec![6, 19]);
         // 1 : 2000 is exact, but wider than MAX_WIDTH_SUM units a round.
-        let e = widths(&[1.0, 2000.0]).unwrap_err();
+        let e = widths(&[1.0, 2000.0]).unwrap_err().to_string();
         assert!(e.contains("routing shares [1.0, 2000.0]") && e.contains("1024"), "{e}");
-        assert!(widths(&[0.0, 0.0]).unwrap_err().contains("not all zero"));
+        assert!(widths(&[0.0, 0.0]).unwrap_err().to_string().contains("not all zero"));
+    }
+
+    /// Each value a node's or gateway's config cannot carry is refused naming it once: the table, the
+    /// tenant or the shares (the caller adds the server and the scenario).
+    #[test]
+    fn values_a_config_cannot_carry_are_refused_naming_them_once() {
+        assert_eq!(
+            widths(&[1.0, 2000.0]).unwrap_err().to_string(),
+            "routing shares [1.0, 2000.0]: no stripe widths summing to at most 1024 within 1% of their ratios"
+        );
+        assert_eq!(
+            widths(&[0.0, -1.0]).unwrap_err().to_string(),
+            "routing shares [0.0, -1.0]: need finite non-negative shares, not all zero"
+        );
+        let c = SchedConfig { cost_model: CostModel::PerByte { unit_bytes: 4096 }, ..SchedConfig::default() };
+        assert_eq!(
+            mclock_table(&c).unwrap_err().to_string(),
+            "cost model PerByte { unit_bytes: 4096 } has no rein.toml form"
+        );
+        let sc = Scenario::from_toml(RICH, None).unwrap();
+        let mut device = sc.servers[0].device.clone();
+        device.capacity_iops = -1.0;
+        let e = device_table(&device, 7, 0).unwrap_err().to_string();
+        assert!(e.starts_with("[device_model] as written: ") && e.contains("capacity_iops"), "{e}");
+        assert_eq!(e.matches("as written").count(), 1, "{e}");
+        let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let mut parda = Scenario::load(&base.join("parda-table3.toml")).unwrap().parda.unwrap();
+        parda.config.alpha = -1.0;
+        let e = parda_table(&parda).unwrap_err().to_string();
+        assert!(e.starts_with("[parda] as written: ") && e.contains("alpha"), "{e}");
+        assert_eq!(e.matches("as written").count(), 1, "{e}");
+        // A tenant's stripe unit: named with the tenant, by stripe and by the node's piece of it.
+        let unit = |kb: &str| {
+            let text = STRIPED.replace(
+                "servers = [\"s2\", \"s3\"]\n",
+                &format!("servers = [\"s2\", \"s3\"]\nrouting = {{ stripe_kb = {kb} }}\n"),
+            );
+            Scenario::from_toml(&text, None).unwrap().tenants.pop().unwrap()
+        };
+        let half = unit("1.5");
+        let whole = "tenant f1: stripe_kb must be whole KiB for a gateway";
+        assert_eq!(stripe(&half).unwrap_err().to_string(), whole);
+        assert_eq!(piece_mb(&half, 1).unwrap_err().to_string(), whole);
+        let large = unit("1048577");
+        let e = piece_mb(&large, 1).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "tenant f1: routing stripe_kb must be at most 1048576 (1 GiB) for a gateway, the largest stripe unit rein \
+             gateway takes"
+        );
+        let mut shares = unit("64");
+        shares.routing = Routing::Shares(vec![1.0, 2000.0]);
+        assert_eq!(
+            stripe(&shares).unwrap_err().to_string(),
+            "tenant f1: routing shares [1.0, 2000.0]: no stripe widths summing to at most 1024 within 1% of their \
+             ratios"
+        );
+    }
+
+    /// Each refusal is its variant, carrying the values it names (the texts are checked above, unchanged
+    /// from the `String` errors).
+    #[test]
+    fn refusals_are_typed_with_what_they_name() {
+        assert_eq!(widths(&[1.0, 2000.0]), Err(SharesError::TooWide { shares: vec![1.0, 2000.0] }));
+        assert_eq!(widths(&[0.0, 0.0]), Err(SharesError::Invalid { shares: vec![0.0, 0.0] }));
+        let per_byte = CostModel::PerByte { unit_bytes: 4096 };
+        let c = SchedConfig { cost_model: per_byte, ..SchedConfig::default() };
+        assert!(matches!(mclock_table(&c), Err(TableError::CostModel(m)) if m == per_byte));
+        let sc = Scenario::from_toml(RICH, None).unwrap();
+        let mut device = sc.servers[0].device.clone();
+        device.capacity_iops = -1.0;
+        assert!(matches!(device_table(&device, 7, 0), Err(TableError::Device(_))));
+        let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let mut parda = Scenario::load(&base.join("parda-table3.toml")).unwrap().parda.unwrap();
+        parda.config.alpha = -1.0;
+        assert!(matches!(parda_table(&parda), Err(TableError::Parda(_))));
+        let mut t = Scenario::from_toml(STRIPED, None).unwrap().tenants.pop().unwrap();
+        t.routing = Routing::Stripe { stripe_bytes: 1536 };
+        assert_eq!(stripe(&t), Err(StripeError::NotWholeKib { tenant: "f1".into() }));
+        t.routing = Routing::Shares(vec![0.0, 0.0]);
+        let shares = SharesError::Invalid { shares: vec![0.0, 0.0] };
+        assert_eq!(piece_mb(&t, 1), Err(StripeError::Shares { tenant: "f1".into(), shares }));
+        let first = Ipv4Addr::new(127, 0, 0, 251);
+        let e = check_room(first, 5, "5 servers").unwrap_err();
+        assert_eq!(e, RoomError { what: "5 servers".into(), processes: 5, first, room: 4 });
+        assert_eq!(
+            e.to_string(),
+            "5 servers need 5 processes, each on its own address; from 127.0.0.251 (--first-address) to \
+             127.0.0.254 at most 4 fit"
+        );
+        let max = rein_runtime::config::MAX_EXPORTS;
+        let e = end_exports(&mut String::new(), "s1", max + 1).unwrap_err();
+        assert_eq!(e, ExportsError { server: "s1".into(), exports: max + 1, max });
+        assert!(end_exports(&mut String::new(), "s1", max).is_ok(), "at the bound");
     }
 
     const RICH: &str = r#"

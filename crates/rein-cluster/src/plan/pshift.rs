@@ -176,7 +176,7 @@ pub(super) fn node_config(
             .map_err(|e| format!("bucket {}: {e}", b.name))?;
         t.push_str(&tenant_entry(&b.name, &local));
     }
-    super::end_exports(&mut t, &s.name, exports)?;
+    super::end_exports(&mut t, &s.name, exports).map_err(|e| e.to_string())?;
     let _ =
         write!(t, "\n[pshift]\nweighted = {}\n{}", ps.weighted, rein_model::pshift_settings::r_order_keys(ps.r_order));
     if let Some(c) = controller {
