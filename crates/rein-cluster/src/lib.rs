@@ -91,7 +91,7 @@ pub enum RunError {
 /// The load jobs for `sc` on `plan`: one per tenant, in scenario order, with the tenant's spec and its
 /// nodes' admin endpoints (phases).
 pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
-    sc.tenants
+    sc.tenants()
         .iter()
         .zip(&plan.endpoints)
         .map(|(t, e)| Job {
@@ -101,9 +101,9 @@ pub fn jobs(sc: &Scenario, plan: &Plan) -> Vec<Job> {
             // A direct endpoint (a pShift bucket) opens its connections to each of its servers, where its
             // per-server window is all it has in flight (an open one: room for its whole backlog there).
             connections: if e.direct.is_empty() {
-                plan::load_connections(t, sc.duration, CONNECTIONS_PER_TENANT)
+                plan::load_connections(t, sc.duration(), CONNECTIONS_PER_TENANT)
             } else if e.arrivals.is_some() {
-                plan::load_connections(t, sc.duration, 1)
+                plan::load_connections(t, sc.duration(), 1)
             } else {
                 let window = match t.workload.kind {
                     rein_model::workload::WorkloadKind::Closed { outstanding, .. } => outstanding as usize,
@@ -144,19 +144,19 @@ pub async fn drive(
 ) -> Result<Outcome, RunError> {
     let addr = plan.endpoints.first().map(|e| e.nbd).unwrap_or_else(|| ([127, 0, 0, 1], 0).into());
     let cfg = LoadConfig {
-        warmup: Duration::from_nanos(sc.warmup.0),
-        interval: Duration::from_nanos(sc.interval.0),
+        warmup: Duration::from_nanos(sc.warmup().0),
+        interval: Duration::from_nanos(sc.interval().0),
         seed: sc.seed(),
-        name: sc.name.clone(),
-        servers: sc.servers.iter().map(|s| s.name.clone()).collect(),
+        name: sc.name().to_string(),
+        servers: sc.servers().iter().map(|s| s.name.clone()).collect(),
         // Node i is server i: its device's busy time gives the server's utilisation.
         server_admins: plan.nodes.iter().map(|n| n.admin.into()).collect(),
         // The nodes run the scenario's [mclock] table (plan::mclock_table), its cost model included.
-        cost_model: sc.sched.cost_model,
+        cost_model: sc.sched().cost_model,
         start_gate: plan.controller.as_ref().map(|_| rein_runtime::load::StartGate::default()),
         // A scenario run in parts joins their reports, which must have one duration.
         report_early_end: false,
-        ..LoadConfig::new(addr, jobs(sc, plan), Duration::from_nanos(sc.duration.0))
+        ..LoadConfig::new(addr, jobs(sc, plan), Duration::from_nanos(sc.duration().0))
     };
     // A pShift controller's schedule starts with the load (`hold = true`), so its QoS periods are the
     // report's: once every connection is open, the start request goes out, and the load's time starts
@@ -185,7 +185,7 @@ pub async fn drive(
         }
     };
     let hosts = HostPoller::new(sc, plan);
-    let interval = Duration::from_nanos(sc.interval.0);
+    let interval = Duration::from_nanos(sc.interval().0);
     // The hosts are read while the load runs; a load that fails ends the run at once (not after the
     // poller's last sample), and the last sample is waited for once the load is done.
     let both = async {
@@ -232,8 +232,7 @@ pub async fn drive(
         // A period that ends with the run is closed by the boundary at the run's end, whose round is
         // answered once the nodes' reports are in, about when the load has drained: wait for it (the
         // simulator closes it too), for at most PERIOD_CLOSE_WAIT.
-        let expected =
-            sc.pshift.as_deref().map_or(0, |ps| sc.duration.0.saturating_sub(ps.start.0) / ps.period.0.max(1));
+        let expected = sc.pshift().map_or(0, |ps| sc.duration().0.saturating_sub(ps.start.0) / ps.period.0.max(1));
         let deadline = tokio::time::Instant::now() + PERIOD_CLOSE_WAIT;
         // Every bucket's tally counts the same periods: the first one's is the controller's.
         let (status, tallied) = loop {
@@ -269,7 +268,7 @@ pub async fn drive(
                 status.late_reports
             );
         }
-        let end = sc.duration.as_secs_f64();
+        let end = sc.duration().as_secs_f64();
         totals.rounds = status.rounds.into_iter().filter(|r| r.at_s < end).collect();
         // The closed periods one by one: those its tally above counts (a period closed since is left out).
         let closed: rein_runtime::pshift_controller::PeriodsStatus =
@@ -328,22 +327,22 @@ struct HostPoller {
 impl HostPoller {
     fn new(sc: &Scenario, plan: &Plan) -> HostPoller {
         let mut steps: Vec<(Duration, usize, f64)> = sc
-            .hosts
+            .hosts()
             .iter()
             .enumerate()
             .flat_map(|(h, host)| host.window_schedule.iter().map(move |&(at, w)| (Duration::from_nanos(at.0), h, w)))
             .collect();
         steps.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
-        let first_ends = match &sc.parda {
-            Some(p) => (0..sc.hosts.len())
-                .map(|h| Duration::from_nanos(p.first_period_end(sc.seed(), h, sc.hosts.len()).0))
+        let first_ends = match sc.parda() {
+            Some(p) => (0..sc.hosts().len())
+                .map(|h| Duration::from_nanos(p.first_period_end(sc.seed(), h, sc.hosts().len()).0))
                 .collect(),
             None => Vec::new(),
         };
         HostPoller {
             admins: plan.host_admins.iter().map(|&a| a.into()).collect(),
             first_ends,
-            duration: Duration::from_nanos(sc.duration.0),
+            duration: Duration::from_nanos(sc.duration().0),
             steps,
         }
     }
@@ -415,31 +414,31 @@ impl HostPoller {
         if samples.is_empty() {
             return None;
         }
-        let intervals = rein_model::recorder::intervals(sc.duration, sc.interval);
+        let intervals = rein_model::recorder::intervals(sc.duration(), sc.interval());
         // A host per scenario host: the scenario's validation holds them within the bound.
         let mut rec = rein_model::report::hosts::HostRecorder::new(
             samples.len(),
-            sc.interval,
+            sc.interval(),
             intervals,
             rein_model::recorder::MAX_CELLS,
         )
         .ok()?;
-        let half = sc.interval.0 / 2;
+        let half = sc.interval().0 / 2;
         for (h, (offset, s)) in samples.iter().enumerate() {
             for w in s.windows(2) {
                 let at = rein_core::Nanos::from_duration(w[1].at).saturating_sub(rein_core::Nanos(half));
-                if at >= sc.duration {
+                if at >= sc.duration() {
                     continue;
                 }
                 let ios = u32::try_from(w[1].completed.saturating_sub(w[0].completed)).unwrap_or(u32::MAX);
                 rec.completions(h, at, ios, w[1].latency_sum_ns.saturating_sub(w[0].latency_sum_ns));
             }
             if let Some(st) = self.status(h).await {
-                warn_of_mishaps(&sc.hosts[h].name, &st);
+                warn_of_mishaps(&sc.hosts()[h].name, &st);
                 self.check_first_period(sc, h, &st, *offset);
                 for p in &st.history {
                     let at = p.at_s - offset;
-                    if at < 0.0 || at >= sc.duration.as_secs_f64() {
+                    if at < 0.0 || at >= sc.duration().as_secs_f64() {
                         continue;
                     }
                     let ms = |v: Option<f64>| v.unwrap_or(0.0) * 1e6;
@@ -475,10 +474,10 @@ impl HostPoller {
             return None;
         }
         let got = st.history.iter().map(|p| p.at_s - offset).find(|&at| at >= 0.0)?;
-        let period = sc.parda.as_ref()?.config.period.as_secs_f64();
-        if (got - want).abs() > period / (2.0 * sc.hosts.len() as f64) {
+        let period = sc.parda()?.config.period.as_secs_f64();
+        if (got - want).abs() > period / (2.0 * sc.hosts().len() as f64) {
             tracing::warn!(
-                host = %sc.hosts[h].name,
+                host = %sc.hosts()[h].name,
                 "PARDA host ended its first period at {got:.3} s into the run, the simulator's at {want:.3} s: \
                  its periods may tick in another order than the simulator's"
             );

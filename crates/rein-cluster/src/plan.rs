@@ -513,9 +513,9 @@ impl Plan {
         let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
         // Names become file names in the run's directory (node-SERVER/, TENANT.img, gateway-TENANT.toml):
         // one with a '/' or a leading '.' reached out of it ("../x" wrote x.img beside the directory).
-        let servers = sc.servers.iter().map(|s| ("server", &s.name));
-        let tenants = sc.tenants.iter().map(|t| ("tenant", &t.name));
-        for (what, name) in servers.chain(tenants).chain(sc.hosts.iter().map(|h| ("host", &h.name))) {
+        let servers = sc.servers().iter().map(|s| ("server", &s.name));
+        let tenants = sc.tenants().iter().map(|t| ("tenant", &t.name));
+        for (what, name) in servers.chain(tenants).chain(sc.hosts().iter().map(|h| ("host", &h.name))) {
             if !file_name_safe(name) {
                 return Err(invalid(format!(
                     "{what} name {name:?}: rein cluster names files after it in the run's directory; use letters, \
@@ -523,10 +523,10 @@ impl Plan {
                 )));
             }
         }
-        if let Some(p) = &sc.parda {
+        if let Some(p) = sc.parda() {
             check_parda(sc, p).map_err(|(f, why)| unsupported(&f, &why))?;
         }
-        if sc.net_delay > Nanos::ZERO {
+        if sc.net_delay() > Nanos::ZERO {
             return Err(unsupported("network.delay_ms", "the nodes are on loopback; there is no delay to add"));
         }
         // Process i's NBD and admin addresses, and with `udp` a third port (a PARDA host's reports).
@@ -536,17 +536,17 @@ impl Plan {
             let (nbd, admin) = (SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?)));
             Ok((nbd, admin, SocketAddr::from((h, if udp { p(2)? } else { 0 }))))
         };
-        if let Some(ps) = &sc.pshift {
-            let processes = sc.servers.len() + usize::from(ps.controller);
+        if let Some(ps) = sc.pshift() {
+            let processes = sc.servers().len() + usize::from(ps.controller);
             let what = match ps.controller {
-                true => format!("{} servers and a controller", sc.servers.len()),
-                false => format!("{} servers", sc.servers.len()),
+                true => format!("{} servers and a controller", sc.servers().len()),
+                false => format!("{} servers", sc.servers().len()),
             };
             check_room(first, processes, &what).map_err(|e| invalid(e.to_string()))?;
             let (nodes, controller) =
                 pshift::processes(sc, ps, |i| addr3(i, false).map(|(nbd, admin, _)| (nbd, admin)))?;
             let endpoints = sc
-                .tenants
+                .tenants()
                 .iter()
                 .zip(&ps.buckets)
                 .map(|(t, b)| {
@@ -566,7 +566,7 @@ impl Plan {
                 })
                 .collect();
             return Ok(Plan {
-                name: sc.name.clone(),
+                name: sc.name().to_string(),
                 nodes,
                 gateways: Vec::new(),
                 host_admins: Vec::new(),
@@ -575,20 +575,20 @@ impl Plan {
                 parda_key: false,
             });
         }
-        let multi: Vec<usize> = (0..sc.tenants.len()).filter(|&j| sc.tenants[j].servers.len() > 1).collect();
-        let processes = sc.servers.len() + multi.len() + sc.hosts.len();
+        let multi: Vec<usize> = (0..sc.tenants().len()).filter(|&j| sc.tenants()[j].servers.len() > 1).collect();
+        let processes = sc.servers().len() + multi.len() + sc.hosts().len();
         let what = format!(
             "{} servers, {} tenants over several servers and {} PARDA hosts",
-            sc.servers.len(),
+            sc.servers().len(),
             multi.len(),
-            sc.hosts.len()
+            sc.hosts().len()
         );
         check_room(first, processes, &what).map_err(|e| invalid(e.to_string()))?;
-        let mut nodes = Vec::with_capacity(sc.servers.len());
-        for (i, s) in sc.servers.iter().enumerate() {
+        let mut nodes = Vec::with_capacity(sc.servers().len());
+        for (i, s) in sc.servers().iter().enumerate() {
             let (nbd, admin, _) = addr3(i, false)?;
             let users: Vec<(&Tenant, usize)> =
-                sc.tenants.iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
+                sc.tenants().iter().filter_map(|t| t.servers.iter().position(|&x| x == i).map(|k| (t, k))).collect();
             // Only where its gateways speak the storage-node protocol (module comment): under mclock,
             // sfq as LFQ or fifo the node's [node] did nothing but draw a warning.
             let node = !multi.is_empty() && s.distributed;
@@ -598,16 +598,16 @@ impl Plan {
         let mut gateways = Vec::new();
         let mut host_admins = Vec::new();
         // PARDA hosts: a gateway each (after the nodes, at the next addresses), its VMs' endpoints there.
-        let mut host_nbd = Vec::with_capacity(sc.hosts.len());
-        if let Some(p) = &sc.parda {
-            let mut addrs = Vec::with_capacity(sc.hosts.len());
-            for h in 0..sc.hosts.len() {
-                addrs.push(addr3(sc.servers.len() + h, true)?);
+        let mut host_nbd = Vec::with_capacity(sc.hosts().len());
+        if let Some(p) = sc.parda() {
+            let mut addrs = Vec::with_capacity(sc.hosts().len());
+            for h in 0..sc.hosts().len() {
+                addrs.push(addr3(sc.servers().len() + h, true)?);
             }
-            for (h, hp) in sc.hosts.iter().enumerate() {
+            for (h, hp) in sc.hosts().iter().enumerate() {
                 let (nbd, admin, udp) = addrs[h];
                 let peers: Vec<(u32, SocketAddr)> = sc
-                    .hosts
+                    .hosts()
                     .iter()
                     .enumerate()
                     .filter(|&(g, o)| g != h && o.runs_parda(p))
@@ -620,8 +620,8 @@ impl Plan {
                 host_nbd.push(nbd);
             }
         }
-        let mut endpoints = Vec::with_capacity(sc.tenants.len());
-        for t in &sc.tenants {
+        let mut endpoints = Vec::with_capacity(sc.tenants().len());
+        for t in sc.tenants() {
             let node_admins = t.servers.iter().map(|&i| nodes[i].admin).collect();
             if let Some(h) = t.host {
                 // A VM opens its export on its host; the host sends to the array.
@@ -654,8 +654,8 @@ impl Plan {
                 });
                 continue;
             }
-            let (nbd, admin, _) = addr3(sc.servers.len() + gateways.len(), false)?;
-            debug_assert!(sc.hosts.is_empty(), "a PARDA scenario's tenants are VMs on hosts or on one server");
+            let (nbd, admin, _) = addr3(sc.servers().len() + gateways.len(), false)?;
+            debug_assert!(sc.hosts().is_empty(), "a PARDA scenario's tenants are VMs on hosts or on one server");
             let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
             let (unit_kb, w) = stripe(t).map_err(|e| invalid(e.to_string()))?;
             let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
@@ -675,8 +675,8 @@ impl Plan {
             });
         }
         // Hosts that exchange reports (over UDP) sign them.
-        let parda_key = sc.parda.as_ref().is_some_and(|p| sc.hosts.iter().any(|h| publishes(h, p)));
-        Ok(Plan { name: sc.name.clone(), nodes, gateways, host_admins, endpoints, controller: None, parda_key })
+        let parda_key = sc.parda().is_some_and(|p| sc.hosts().iter().any(|h| publishes(h, p)));
+        Ok(Plan { name: sc.name().to_string(), nodes, gateways, host_admins, endpoints, controller: None, parda_key })
     }
 }
 
@@ -771,19 +771,19 @@ fn host_config(
     udp: SocketAddr,
     peers: &[(u32, SocketAddr)],
 ) -> Result<String, String> {
-    let host = &sc.hosts[h];
-    let vms: Vec<&Tenant> = host.vms.iter().map(|&t| &sc.tenants[t]).collect();
-    let bound: u64 = vms.iter().map(|t| in_flight_bound(t, sc.duration)).fold(0, u64::saturating_add);
+    let host = &sc.hosts()[h];
+    let vms: Vec<&Tenant> = host.vms.iter().map(|&t| &sc.tenants()[t]).collect();
+    let bound: u64 = vms.iter().map(|t| in_flight_bound(t, sc.duration())).fold(0, u64::saturating_add);
     let mut g = format!(
         "# rein cluster: PARDA host {} of scenario {}\nlisten = {}\nadmin = {}\nshutdown_timeout_s = 2\n\
          connections_per_node = {}\nrequest_timeout_s = {}\n{}",
         host.name,
-        sc.name,
+        sc.name(),
         q(&nbd.to_string()),
         q(&admin.to_string()),
         pool_for(bound),
-        request_timeout_s(sc.duration),
-        budget_lines(&vms, sc.duration)
+        request_timeout_s(sc.duration()),
+        budget_lines(&vms, sc.duration())
     );
     let _ = write!(
         g,
@@ -807,7 +807,7 @@ fn host_config(
     g.push_str(&parda_table(p).map_err(|e| e.to_string())?);
     // The local scheduler's settings: the scenario's, as the simulator's hosts run them.
     g.push('\n');
-    g.push_str(&mclock_table(&sc.sched).map_err(|e| e.to_string())?);
+    g.push_str(&mclock_table(&sc.sched()).map_err(|e| e.to_string())?);
     let _ = write!(g, "\n[parda_host]\nid = {h}\ncontrolled = {}\n", host.controlled);
     if let Some(b) = host.beta {
         let _ = writeln!(g, "beta = {}", f(b));
@@ -1088,13 +1088,13 @@ fn node_config(
          queue_depth = {}\n# The simulator never refuses a scenario's reservations.\nadmission = \"warn\"\n\
          shutdown_timeout_s = 2\n{}",
         s.name,
-        sc.name,
+        sc.name(),
         q(&nbd.to_string()),
         q(&admin.to_string()),
         q(data),
         q(s.scheduler.name()),
         s.queue_depth,
-        budget_lines(&users.iter().map(|&(t, _)| t).collect::<Vec<_>>(), sc.duration)
+        budget_lines(&users.iter().map(|&(t, _)| t).collect::<Vec<_>>(), sc.duration())
     );
     if node {
         // The node's own specs win ("node"): they are the scenario's for this server (RBFQ's local minimum
@@ -1108,7 +1108,7 @@ fn node_config(
     // Placement skew: a PARDA host's service_scale multiplies its VMs' service times at the array.
     let skew: Vec<String> = users
         .iter()
-        .filter_map(|&(t, _)| t.host.map(|h| (t, sc.hosts[h].service_scale)))
+        .filter_map(|&(t, _)| t.host.map(|h| (t, sc.hosts()[h].service_scale)))
         .filter(|&(_, x)| x != 1.0)
         .map(|(t, x)| format!("{} = {}", q(&t.name), f(x)))
         .collect();
@@ -1191,7 +1191,7 @@ fn gateway_config(
     let mut g = format!(
         "# rein cluster: tenant {} of scenario {}\nlisten = {}\nadmin = {}\nshutdown_timeout_s = 2\n",
         t.name,
-        sc.name,
+        sc.name(),
         q(&nbd.to_string()),
         q(&admin.to_string())
     );
@@ -1200,16 +1200,16 @@ fn gateway_config(
     let _ = write!(
         g,
         "connections_per_node = {}\nrequest_timeout_s = {}\n{}",
-        pool_per_node(t, sc.duration),
-        request_timeout_s(sc.duration),
-        budget_lines(&[t], sc.duration)
+        pool_per_node(t, sc.duration()),
+        request_timeout_s(sc.duration()),
+        budget_lines(&[t], sc.duration())
     );
     for &i in &t.servers {
         // Tags (delta, rho, the pool flag) only where the simulator's gateway sends them: to a server of a
         // distributed scheduler (dmclock, rbfq, dtfq). To any other (lfq, sfq, mclock, fifo) its requests
         // carry none, so the gateway speaks plain NBD there: a node's SFQ given a delta would space its
         // tags by the service elsewhere, and LFQ would run as DT-FQ.
-        let protocol = if sc.servers[i].distributed { "rein" } else { "nbd" };
+        let protocol = if sc.servers()[i].distributed { "rein" } else { "nbd" };
         let _ = write!(
             g,
             "\n[[nodes]]\nname = {}\naddress = {}\nprotocol = \"{protocol}\"\n",
@@ -1237,7 +1237,7 @@ fn gateway_config(
         .iter()
         .zip(&t.server_specs)
         .filter(|(_, s)| *s != spec)
-        .map(|(&i, s)| format!("{} = {}", q(&sc.servers[i].name), f(s.reservation())))
+        .map(|(&i, s)| format!("{} = {}", q(&sc.servers()[i].name), f(s.reservation())))
         .collect();
     if !locals.is_empty() {
         let _ = writeln!(g, "server_reservations = {{ {} }}", locals.join(", "));
@@ -1247,7 +1247,7 @@ fn gateway_config(
         .iter()
         .zip(&widths)
         .filter(|(_, &w)| w > 0)
-        .map(|(&i, w)| format!("{} = {w}", q(&sc.servers[i].name)))
+        .map(|(&i, w)| format!("{} = {w}", q(&sc.servers()[i].name)))
         .collect();
     let _ = write!(
         g,
@@ -1326,13 +1326,13 @@ mod tests {
             "cost model PerByte { unit_bytes: 4096 } has no rein.toml form"
         );
         let sc = Scenario::from_toml(RICH, None).unwrap();
-        let mut device = sc.servers[0].device.clone();
+        let mut device = sc.servers()[0].device.clone();
         device.capacity_iops = -1.0;
         let e = device_table(&device, 7, 0).unwrap_err().to_string();
         assert!(e.starts_with("[device_model] as written: ") && e.contains("capacity_iops"), "{e}");
         assert_eq!(e.matches("as written").count(), 1, "{e}");
         let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
-        let mut parda = Scenario::load(&base.join("parda-table3.toml")).unwrap().parda.unwrap();
+        let mut parda = Scenario::load(&base.join("parda-table3.toml")).unwrap().parda().unwrap().clone();
         parda.config.alpha = -1.0;
         let e = parda_table(&parda).unwrap_err().to_string();
         assert!(e.starts_with("[parda] as written: ") && e.contains("alpha"), "{e}");
@@ -1343,7 +1343,7 @@ mod tests {
                 "servers = [\"s2\", \"s3\"]\n",
                 &format!("servers = [\"s2\", \"s3\"]\nrouting = {{ stripe_kb = {kb} }}\n"),
             );
-            Scenario::from_toml(&text, None).unwrap().tenants.pop().unwrap()
+            Scenario::from_toml(&text, None).unwrap().tenants().last().unwrap().clone()
         };
         let half = unit("1.5");
         let whole = "tenant f1: stripe_kb must be whole KiB for a gateway";
@@ -1375,14 +1375,14 @@ mod tests {
         let c = SchedConfig { cost_model: per_byte, ..SchedConfig::default() };
         assert!(matches!(mclock_table(&c), Err(TableError::CostModel(m)) if m == per_byte));
         let sc = Scenario::from_toml(RICH, None).unwrap();
-        let mut device = sc.servers[0].device.clone();
+        let mut device = sc.servers()[0].device.clone();
         device.capacity_iops = -1.0;
         assert!(matches!(device_table(&device, 7, 0), Err(TableError::Device(_))));
         let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
-        let mut parda = Scenario::load(&base.join("parda-table3.toml")).unwrap().parda.unwrap();
+        let mut parda = Scenario::load(&base.join("parda-table3.toml")).unwrap().parda().unwrap().clone();
         parda.config.alpha = -1.0;
         assert!(matches!(parda_table(&parda), Err(TableError::Parda(_))));
-        let mut t = Scenario::from_toml(STRIPED, None).unwrap().tenants.pop().unwrap();
+        let mut t = Scenario::from_toml(STRIPED, None).unwrap().tenants().last().unwrap().clone();
         t.routing = Routing::Stripe { stripe_bytes: 1536 };
         assert_eq!(stripe(&t), Err(StripeError::NotWholeKib { tenant: "f1".into() }));
         t.routing = Routing::Shares(vec![0.0, 0.0]);
@@ -1475,7 +1475,7 @@ span_gb = 0.0001
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         assert_eq!(plan.nodes.len(), 2);
         assert!(plan.gateways.is_empty());
-        for (i, (node, server)) in plan.nodes.iter().zip(&sc.servers).enumerate() {
+        for (i, (node, server)) in plan.nodes.iter().zip(sc.servers()).enumerate() {
             let cfg = rein_runtime::config::ServerConfig::parse(&node.config, Path::new("node.toml"))
                 .unwrap_or_else(|e| panic!("{e}\n{}", node.config));
             assert_eq!(cfg.listen, SocketAddr::from(([127, 0, 0, 10 + i as u8], 20_000)));
@@ -1488,30 +1488,30 @@ span_gb = 0.0001
             let dev = cfg.device.expect("a device model");
             assert!(same_device(&dev.spec, &server.device), "{:?} vs {:?}", dev.spec, server.device);
             let users: Vec<(usize, usize)> = sc
-                .tenants
+                .tenants()
                 .iter()
                 .enumerate()
                 .filter_map(|(j, t)| t.servers.iter().position(|&x| x == i).map(|k| (j, k)))
                 .collect();
             assert_eq!(cfg.tenants.len(), users.len());
             for (tc, &(j, k)) in cfg.tenants.iter().zip(&users) {
-                assert_eq!(tc.name, sc.tenants[j].name);
-                assert_eq!(tc.spec, sc.tenants[j].server_specs[k]);
+                assert_eq!(tc.name, sc.tenants()[j].name);
+                assert_eq!(tc.spec, sc.tenants()[j].server_specs[k]);
             }
             // The files are read without the kernel's readahead (a stall of the node's dispatcher).
             assert!(!cfg.exports.is_empty() && cfg.exports.iter().all(|e| !e.readahead), "{}", node.config);
         }
         // The paper's preset, the lag, the cost model and the batching made it through (not defaults).
-        let disk = &sc.servers[0].sched;
+        let disk = &sc.servers()[0].sched;
         assert_eq!(disk.batch, 8);
         assert_eq!(disk.reservation_lag, ReservationLag::Bounded(Nanos(250_000)));
         assert!(matches!(disk.cost_model, CostModel::SeekTransfer { .. }));
-        assert_eq!(sc.servers[0].device.schedule.len(), 3);
+        assert_eq!(sc.servers()[0].device.schedule.len(), 3);
         // Tenant b's local reservation on its one server is its reservation there.
-        assert_eq!(sc.tenants[1].server_specs[0].reservation(), 50.0);
+        assert_eq!(sc.tenants()[1].server_specs[0].reservation(), 50.0);
         // Exports: the span (2 GiB), the default span, and at least 1 MiB.
-        assert_eq!(export_mb(&sc.tenants[0]), 2048);
-        assert_eq!(export_mb(&sc.tenants[2]), 1);
+        assert_eq!(export_mb(&sc.tenants()[0]), 2048);
+        assert_eq!(export_mb(&sc.tenants()[2]), 1);
         let e = &plan.endpoints[2];
         assert_eq!(e.uri(), "nbd://127.0.0.11:20000/c");
         assert_eq!(e.node_admins, vec![SocketAddr::from(([127, 0, 0, 11], 20_001))]);
@@ -1537,11 +1537,11 @@ span_gb = 0.0001
         let plan = Plan::new(&skew, fixed_ports).unwrap();
         let node = rein_runtime::config::ServerConfig::parse(&plan.nodes[0].config, Path::new("rein.toml")).unwrap();
         let scales = &node.device.as_ref().unwrap().service_scale;
-        for h in &skew.hosts {
+        for h in skew.hosts() {
             for &t in &h.vms {
                 let want = if h.service_scale == 1.0 { None } else { Some(h.service_scale) };
-                let got = scales.iter().find(|(n, _)| *n == skew.tenants[t].name).map(|x| x.1);
-                assert_eq!(got, want, "VM {} of host {}", skew.tenants[t].name, h.name);
+                let got = scales.iter().find(|(n, _)| *n == skew.tenants()[t].name).map(|x| x.1);
+                assert_eq!(got, want, "VM {} of host {}", skew.tenants()[t].name, h.name);
             }
         }
         // The paper's round robin (and the controller without early rounds) is one setting on the nodes.
@@ -1706,7 +1706,7 @@ iops = 100
             g.nodes.iter().map(|n| n.address.clone()).collect::<Vec<_>>(),
             plan.nodes.iter().map(|n| rein_runtime::sock::NodeAddress::Tcp(n.nbd)).collect::<Vec<_>>()
         );
-        assert_eq!(g.tenants[0].spec, sc.tenants[0].spec);
+        assert_eq!(g.tenants[0].spec, sc.tenants()[0].spec);
         assert!(g.tenants[0].rho);
         let v = &g.exports[0];
         assert_eq!(v.size, 1 << 30);
@@ -1722,7 +1722,7 @@ iops = 100
             assert!(e.unwrap().size.unwrap() >= v.stripe.node_bytes(j, v.size), "node {j}'s piece");
             let t = cfg.tenants.iter().find(|t| t.name == "c1").unwrap();
             // The node's own spec is the scenario's for this server; the gateway tags requests.
-            assert_eq!(t.spec, sc.tenants[0].server_specs[j]);
+            assert_eq!(t.spec, sc.tenants()[0].server_specs[j]);
             assert_eq!(g.nodes[j].protocol, rein_runtime::remote::NodeProtocol::Rein);
             assert!(node.config.contains("[node]\nenabled = true\nspecs = \"node\"\n"), "{}", node.config);
         }
@@ -1836,38 +1836,38 @@ iops = 100
     #[test]
     fn open_loops_get_room_for_their_backlog_and_no_timeout_within_the_run() {
         let sc = Scenario::from_toml(include_str!("../../../scenarios/rbfq-fig11b-hotspot2.toml"), None).unwrap();
-        let (f1, f2) = (&sc.tenants[0], &sc.tenants[1]);
-        assert_eq!(in_flight_bound(f2, sc.duration), 600 * 80);
-        assert_eq!(in_flight_bound(f1, sc.duration), 900 * 80);
-        assert_eq!(load_connections(f2, sc.duration, 4), 48_000usize.div_ceil(256));
-        assert_eq!(load_connections(f1, sc.duration, 4), 256, "at most MAX_LOAD_CONNECTIONS");
-        assert_eq!(pool_per_node(f2, sc.duration), rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64);
+        let (f1, f2) = (&sc.tenants()[0], &sc.tenants()[1]);
+        assert_eq!(in_flight_bound(f2, sc.duration()), 600 * 80);
+        assert_eq!(in_flight_bound(f1, sc.duration()), 900 * 80);
+        assert_eq!(load_connections(f2, sc.duration(), 4), 48_000usize.div_ceil(256));
+        assert_eq!(load_connections(f1, sc.duration(), 4), 256, "at most MAX_LOAD_CONNECTIONS");
+        assert_eq!(pool_per_node(f2, sc.duration()), rein_runtime::remote::MAX_CONNECTIONS_PER_NODE as u64);
         // 72,000 requests of 4 KiB, a quarter more: 352 MiB.
-        assert_eq!(budget_mb(f1, sc.duration), (72_000u64 * 4096 * 5 / 4).div_ceil(1 << 20));
+        assert_eq!(budget_mb(f1, sc.duration()), (72_000u64 * 4096 * 5 / 4).div_ceil(1 << 20));
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         let g = rein_runtime::gateway::GatewayConfig::parse(&plan.gateways[0].config, Path::new("gw.toml")).unwrap();
         assert_eq!(g.link.connections, 64);
         assert_eq!(g.link.request_timeout, Duration::from_secs(80 + 60));
-        assert_eq!(g.max_inflight_per_tenant, budget_mb(f1, sc.duration) << 20);
+        assert_eq!(g.max_inflight_per_tenant, budget_mb(f1, sc.duration()) << 20);
         assert!(g.caps.per_tenant >= 256 && g.caps.per_client >= 256, "the load's connections are let in");
         // Each node takes every tenant's budget at once (at least the default 1,024 MiB).
         let n = rein_runtime::config::ServerConfig::parse(&plan.nodes[0].config, Path::new("n.toml")).unwrap();
-        let want: u64 = sc.tenants.iter().map(|t| budget_mb(t, sc.duration)).sum();
+        let want: u64 = sc.tenants().iter().map(|t| budget_mb(t, sc.duration())).sum();
         assert_eq!(n.max_inflight, want.max(1024) << 20);
-        assert_eq!(n.max_inflight_per_tenant, budget_mb(f1, sc.duration) << 20);
+        assert_eq!(n.max_inflight_per_tenant, budget_mb(f1, sc.duration()) << 20);
         // A closed loop's window, per server where it is one: the small defaults stay.
         let sc = Scenario::from_toml(include_str!("../../../scenarios/rbfq-fig13-rbfq.toml"), None).unwrap();
-        assert_eq!(in_flight_bound(&sc.tenants[1], sc.duration), 4 * 2);
-        assert_eq!(load_connections(&sc.tenants[1], sc.duration, 4), 4);
-        assert_eq!(pool_per_node(&sc.tenants[1], sc.duration), 4);
-        assert_eq!(budget_mb(&sc.tenants[1], sc.duration), 256);
+        assert_eq!(in_flight_bound(&sc.tenants()[1], sc.duration()), 4 * 2);
+        assert_eq!(load_connections(&sc.tenants()[1], sc.duration(), 4), 4);
+        assert_eq!(pool_per_node(&sc.tenants()[1], sc.duration()), 4);
+        assert_eq!(budget_mb(&sc.tenants()[1], sc.duration()), 256);
         // An open loop of 64 KiB requests at 10,000 IOPS for 10 minutes: its backlog would need 12 GiB at
         // a daemon; the room stops at 4 GiB (memory), where the daemons' backpressure takes over.
         let text = include_str!("../../../scenarios/rbfq-fig11b-hotspot2.toml")
             .replace("duration_s = 80.0", "duration_s = 600.0")
             .replace("iops = 900", "iops = 10000\nsize_kb = 64");
         let sc = Scenario::from_toml(&text, None).unwrap();
-        assert_eq!(budget_mb(&sc.tenants[0], sc.duration), MAX_BUDGET_MB.1);
+        assert_eq!(budget_mb(&sc.tenants()[0], sc.duration()), MAX_BUDGET_MB.1);
         // A run longer than an hour keeps the gateway's largest timeout.
         assert_eq!(request_timeout_s(Nanos::from_secs(7200)), 3600.0);
         assert_eq!(request_timeout_s(Nanos::from_secs(1)), 61.0);
@@ -1884,20 +1884,20 @@ iops = 100
         assert_eq!(plan.nodes.len(), 1);
         assert_eq!(plan.gateways.len(), 3);
         assert_eq!(plan.host_admins.len(), 3);
-        let p = sc.parda.as_ref().unwrap();
+        let p = sc.parda().unwrap();
         // The hosts sign their reports with the key the supervisor writes into the run's directory.
         assert!(plan.parda_key);
         let run = tempfile::tempdir().unwrap();
         let line = rein_runtime::aggregate::RecordKey::generate_line("parda").unwrap();
         std::fs::write(run.path().join(PARDA_KEY_FILE), line).unwrap();
         for (h, g) in plan.gateways.iter().enumerate() {
-            assert_eq!(g.tenant, format!("host-{}", sc.hosts[h].name));
+            assert_eq!(g.tenant, format!("host-{}", sc.hosts()[h].name));
             assert_eq!(g.admin, plan.host_admins[h]);
             let cfg = rein_runtime::gateway::GatewayConfig::parse(&g.config, &run.path().join("gw.toml")).unwrap();
             let host = cfg.parda.expect("a PARDA host");
             assert_eq!(host.key.as_ref().map(|k| k.identity()), Some("parda"));
             assert_eq!(host.id, h as u32);
-            assert_eq!(host.beta, sc.hosts[h].beta);
+            assert_eq!(host.beta, sc.hosts()[h].beta);
             assert!(host.runs);
             assert_eq!(format!("{:?}", host.parda.config), format!("{:?}", p.config));
             match &host.transport {
@@ -1912,10 +1912,10 @@ iops = 100
             }
             assert_eq!(cfg.nodes.len(), 1);
             assert_eq!(cfg.nodes[0].protocol, rein_runtime::remote::NodeProtocol::Nbd);
-            let vm = &sc.tenants[sc.hosts[h].vms[0]];
+            let vm = &sc.tenants()[sc.hosts()[h].vms[0]];
             assert_eq!(cfg.tenants[0].name, vm.name);
             assert_eq!(cfg.tenants[0].spec, vm.spec);
-            assert_eq!(plan.endpoints[sc.hosts[h].vms[0]].nbd, g.nbd);
+            assert_eq!(plan.endpoints[sc.hosts()[h].vms[0]].nbd, g.nbd);
         }
         // An aggregation delay is the simulator's model of a board; it is refused by name.
         let text = std::fs::read_to_string(base.join("parda-fig2.toml"))
@@ -1931,10 +1931,10 @@ iops = 100
         let text = std::fs::read_to_string(base.join("parda-fig2.toml")).unwrap();
         std::fs::write(&path, format!("{text}\n[mclock]\npreset = \"paper\"\nweight_lead_ios = 7\n")).unwrap();
         let sc = Scenario::load(&path).unwrap();
-        assert_eq!(sc.sched.weight_lead_ios, Some(7));
+        assert_eq!(sc.sched().weight_lead_ios, Some(7));
         let plan = Plan::new(&sc, fixed_ports).unwrap();
-        let p = sc.parda.as_ref().unwrap();
-        let want = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..sc.sched };
+        let p = sc.parda().unwrap();
+        let want = SchedConfig { batch: p.batch, batch_distance: p.batch_distance, ..sc.sched() };
         for g in &plan.gateways {
             let cfg = rein_runtime::gateway::GatewayConfig::parse(&g.config, &run.path().join("gw.toml")).unwrap();
             assert_eq!(cfg.parda.expect("a PARDA host").host_config(1).sched, want);

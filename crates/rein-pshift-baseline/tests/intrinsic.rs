@@ -33,14 +33,14 @@ fn pshift_exp2_na2_nd0_has_no_intrinsic_error() {
 /// The maximum flow of the first period's instance when each bucket asks for more than `share` of its
 /// reservation (all of it at 1.0), and what it would carry if every such request were met.
 fn flow_and_reserved(sc: &Scenario, share: f64) -> (u64, u64) {
-    let ps = sc.pshift.as_ref().unwrap();
+    let ps = sc.pshift().unwrap();
     let period_s = ps.period.as_secs_f64();
     let mut b = InstanceBuilder::new();
-    for s in &sc.servers {
+    for s in sc.servers() {
         b.add_server((s.device.capacity_iops * period_s) as u64).unwrap();
     }
     let mut reserved = 0u64;
-    for (t, plan) in sc.tenants.iter().zip(&ps.buckets) {
+    for (t, plan) in sc.tenants().iter().zip(&ps.buckets) {
         assert_eq!(plan.phases.len(), 1, "N_D = 0: one demand phase");
         let BucketLoad::Open { iops } = plan.load else { panic!("Experiment 2's buckets are open") };
         let demand: Vec<(usize, u64)> =

@@ -218,7 +218,7 @@ outstanding = 256
 fn the_host_that_ticks_first_leads_the_start() {
     let leader = |toml: &str, seed: u64| -> (usize, usize) {
         let sc = Scenario::from_toml(toml, None).unwrap().with_seed(seed).unwrap();
-        let p = sc.parda.as_ref().unwrap();
+        let p = sc.parda().unwrap();
         let ends: Vec<u64> = (0..3).map(|h| p.first_period_end(sc.seed(), h, 3).0).collect();
         assert!(ends.iter().all(|&e| (500_000_000..1_000_000_000).contains(&e)), "{ends:?}");
         let first = (0..3).min_by_key(|&h| ends[h]).unwrap();
@@ -395,7 +395,7 @@ fn aggregation_delay_and_timeout_keep_the_equilibrium() {
 fn the_uncontrolled_baseline_is_the_same_scenario_without_parda() {
     let sc = Scenario::from_toml(BASE, None).unwrap();
     let base = sc.without_parda();
-    assert!(!base.parda.as_ref().unwrap().enabled);
+    assert!(!base.parda().unwrap().enabled);
     let r = run(&base, &mut |_| {}).unwrap();
     let h = r.summary.hosts.as_ref().unwrap();
     assert!(!h.enabled);
@@ -415,7 +415,7 @@ fn hosts_per_scenario_are_bounded() {
     };
     let max = rein_sim::model::parda::MAX_HOSTS;
     let sc = Scenario::from_toml(&many(max), None).unwrap();
-    assert_eq!(sc.hosts.len(), max);
+    assert_eq!(sc.hosts().len(), max);
     assert!(err(&many(max + 1)).contains(&format!("at most {max} hosts")));
 }
 

@@ -5,6 +5,8 @@ mod common;
 use common::err;
 use rein_model::report::PeriodMetric;
 use rein_sim::check::check;
+use rein_sim::file::pshift::PshiftFile;
+use rein_sim::file::ScenarioFile;
 use rein_sim::{run, Scenario};
 
 const SMALL: &str = r#"
@@ -108,7 +110,7 @@ fn period_checks_on_the_servers_counts() {
     let r = run(&sc, &mut |_| {}).unwrap();
     assert_eq!(r.periods.len(), 40);
     for (t, (name, c)) in r.periods.iter().enumerate() {
-        assert_eq!(name, &sc.tenants[t].name);
+        assert_eq!(name, &sc.tenants()[t].name);
         assert_eq!((c.closed, c.incomplete), (2, 0), "{name}: both periods closed, none incomplete");
         let ts = &r.timeseries;
         let seen: u64 = ts.window(1.2, 2.2).map(|i| ts.cell(t, i).ios as u64).sum();
@@ -155,7 +157,7 @@ fn period_checks_on_the_servers_counts() {
 #[test]
 fn runs_are_deterministic_and_use_the_seed() {
     let sc = Scenario::from_toml(SMALL, None).unwrap();
-    assert_eq!(sc.tenants.len(), 40);
+    assert_eq!(sc.tenants().len(), 40);
     let a = run(&sc, &mut |_| {}).unwrap();
     let b = run(&sc, &mut |_| {}).unwrap();
     assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap());
@@ -177,8 +179,8 @@ fn another_seed_draws_the_buckets_again() {
     let written = Scenario::from_toml(&SMALL.replace("seed = 3", "seed = 4"), None).unwrap();
     let reseeded = sc.with_seed(4).unwrap();
     assert_eq!(reseeded.seed(), 4);
-    let plans = |s: &Scenario| s.pshift.as_ref().unwrap().buckets.clone();
-    let specs = |s: &Scenario| s.tenants.iter().map(|t| (t.spec, t.servers.clone())).collect::<Vec<_>>();
+    let plans = |s: &Scenario| s.pshift().unwrap().buckets.clone();
+    let specs = |s: &Scenario| s.tenants().iter().map(|t| (t.spec, t.servers.clone())).collect::<Vec<_>>();
     assert!(plans(&reseeded) == plans(&written), "with_seed(4) draws the demand phases of seed = 4");
     assert!(specs(&reseeded) == specs(&written), "with_seed(4) draws the reservations of seed = 4");
     assert_ne!(plans(&reseeded), plans(&sc), "seed 4 draws other demand changes than seed 3");
@@ -197,7 +199,7 @@ fn the_controller_meets_reservations_round_robin_does_not() {
         Scenario::from_toml(&SMALL.replace("delay_ms = 0.2", "delay_ms = 0.2\ncontroller = false"), None).unwrap();
     let all: Vec<usize> = (0..40).collect();
     let (rw, rn) = (run(&with, &mut |_| {}).unwrap(), run(&without, &mut |_| {}).unwrap());
-    let periods = |sc: &Scenario| sc.pshift.as_ref().unwrap().periods_in(0.2, 2.2);
+    let periods = |sc: &Scenario| sc.pshift().unwrap().periods_in(0.2, 2.2);
     let met = |sc: &Scenario, r: &rein_sim::RunTotals| {
         r.tenant_periods(&all, &periods(sc), PeriodMetric::ReservationMetFraction, 95.0)
     };
@@ -219,17 +221,30 @@ fn scenario_file(name: &str, seed: u64) -> Scenario {
     Scenario::load(&dir.join(name)).unwrap().with_seed(seed).unwrap()
 }
 
+/// [`scenario_file`] with its `[pshift]` section changed by `edit`: the file as if it said so, validated.
+fn scenario_file_with(name: &str, seed: u64, edit: impl FnOnce(&mut PshiftFile)) -> Scenario {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name);
+    let mut f = ScenarioFile::read(&path).unwrap();
+    f.seed = seed;
+    edit(f.pshift.as_mut().expect("a [pshift] scenario"));
+    f.validate_at(&path).unwrap()
+}
+
 /// The descriptions of the checks `sc` misses.
 fn failed_checks(sc: &Scenario) -> Vec<String> {
     let (_, results) = rein_sim::run_and_check(sc, &mut |_| {}).unwrap();
     results.into_iter().filter(|c| !c.ok).map(|c| c.description).collect()
 }
 
-/// `sc` with the paper's controller (`early_rounds = 0`), so that the two order tests below compare the
-/// orders alone.
-fn without_early_rounds(mut sc: Scenario) -> Scenario {
-    std::sync::Arc::make_mut(sc.pshift.as_mut().unwrap()).early_rounds = 0;
-    sc
+/// Scenario file `name` drawn with `seed`, with the paper's controller (`early_rounds = 0`) so that the two
+/// order tests below compare the orders alone, and with the R-token order `r_order` when given.
+fn without_early_rounds(name: &str, seed: u64, r_order: Option<&str>) -> Scenario {
+    scenario_file_with(name, seed, |p| {
+        p.early_rounds = Some(0);
+        if let Some(o) = r_order {
+            p.r_order = Some(o.to_string());
+        }
+    })
 }
 
 /// Experiment 4 with seed 16 (round robin's worst draw), without early rounds: bucket b2 is crowded onto
@@ -239,12 +254,12 @@ fn without_early_rounds(mut sc: Scenario) -> Scenario {
 #[test]
 fn proportional_r_order_keeps_a_crowded_bucket_on_schedule() {
     use rein_core::pshift::tokens::ROrder;
-    let sc = without_early_rounds(scenario_file("pshift-exp4-proportional.toml", 16));
-    assert_eq!(sc.pshift.as_ref().unwrap().r_order, ROrder::Proportional);
+    let sc = without_early_rounds("pshift-exp4-proportional.toml", 16, None);
+    assert_eq!(sc.pshift().unwrap().r_order, ROrder::Proportional);
     let paper_file = scenario_file("pshift-exp4-paper-order.toml", 16);
-    assert_eq!(paper_file.pshift.as_ref().unwrap().r_order, ROrder::RoundRobin, "the paper's order");
-    let mut paper = sc.clone();
-    std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).r_order = ROrder::RoundRobin;
+    assert_eq!(paper_file.pshift().unwrap().r_order, ROrder::RoundRobin, "the paper's order");
+    let paper = without_early_rounds("pshift-exp4-proportional.toml", 16, Some("round_robin"));
+    assert_eq!(paper.pshift().unwrap().r_order, ROrder::RoundRobin);
     let (ours, theirs) = (failed_checks(&sc), failed_checks(&paper));
     eprintln!("proportional misses {ours:?}\nround robin misses {theirs:?}");
     assert!(ours.is_empty(), "proportional order misses: {ours:?}");
@@ -258,10 +273,10 @@ fn proportional_r_order_keeps_a_crowded_bucket_on_schedule() {
 #[test]
 fn mixed_r_order_keeps_a_crowded_bucket_on_schedule() {
     use rein_core::pshift::tokens::ROrder;
-    let sc = without_early_rounds(scenario_file("pshift-exp4.toml", 16));
-    assert_eq!(sc.pshift.as_ref().unwrap().r_order, ROrder::Mixed { floor: 1_000 }, "the default");
-    let mut paper = sc.clone();
-    std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).r_order = ROrder::RoundRobin;
+    let sc = without_early_rounds("pshift-exp4.toml", 16, None);
+    assert_eq!(sc.pshift().unwrap().r_order, ROrder::Mixed { floor: 1_000 }, "the default");
+    let paper = without_early_rounds("pshift-exp4.toml", 16, Some("round_robin"));
+    assert_eq!(paper.pshift().unwrap().r_order, ROrder::RoundRobin);
     let (ours, theirs) = (failed_checks(&sc), failed_checks(&paper));
     assert!(ours.is_empty(), "mixed order misses: {ours:?}");
     assert!(theirs.iter().filter(|d| d.contains("of the reservation")).count() == 2, "round robin: {theirs:?}");
@@ -275,13 +290,13 @@ fn mixed_r_order_keeps_a_crowded_bucket_on_schedule() {
 #[test]
 fn limits_hold_across_the_message_delay() {
     let sc = scenario_file("pshift-exp4-paper-order.toml", 14);
-    assert!(sc.pshift.as_ref().unwrap().exact_limits, "the default");
-    let mut paper = sc.clone();
-    std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).exact_limits = false;
+    assert!(sc.pshift().unwrap().exact_limits, "the default");
+    let paper = scenario_file_with("pshift-exp4-paper-order.toml", 14, |p| p.exact_limits = false);
+    assert!(!paper.pshift().unwrap().exact_limits);
     let over = |sc: &Scenario| -> f64 {
         let r = run(sc, &mut |_| {}).unwrap();
-        let all: Vec<usize> = (0..sc.tenants.len()).collect();
-        let periods = sc.pshift.as_ref().unwrap().periods_in(0.2, 4.2);
+        let all: Vec<usize> = (0..sc.tenants().len()).collect();
+        let periods = sc.pshift().unwrap().periods_in(0.2, 4.2);
         r.tenant_periods(&all, &periods, PeriodMetric::LimitExceededFraction, 0.0).1
     };
     let (ours, theirs) = (over(&sc), over(&paper));
@@ -299,9 +314,9 @@ fn limits_hold_across_the_message_delay() {
 #[test]
 fn early_rounds_serve_a_bucket_whose_demand_moved_late_in_a_period() {
     let sc = scenario_file("pshift-exp4.toml", 18);
-    assert_eq!(sc.pshift.as_ref().unwrap().early_rounds, 4, "the default");
-    let mut paper = sc.clone();
-    std::sync::Arc::make_mut(paper.pshift.as_mut().unwrap()).early_rounds = 0;
+    assert_eq!(sc.pshift().unwrap().early_rounds, 4, "the default");
+    let paper = scenario_file_with("pshift-exp4.toml", 18, |p| p.early_rounds = Some(0));
+    assert_eq!(paper.pshift().unwrap().early_rounds, 0);
     let (ours, theirs) = (failed_checks(&sc), failed_checks(&paper));
     assert!(ours.is_empty(), "with early rounds: {ours:?}");
     assert!(

@@ -1,8 +1,9 @@
 //! Runs every scenario in `scenarios/` and requires each of its expectations to hold (what
 //! `rein sim --check` does), checks that a deliberately wrong scheduler makes some of them fail, and
 //! checks that runs are deterministic.
-use rein_model::{Discipline, ServiceModel};
+use rein_model::{DeviceSpec, Discipline, ServiceModel};
 use rein_sim::check::Sabotage;
+use rein_sim::file::ScenarioFile;
 use rein_sim::{run, run_and_check, Scenario};
 use std::path::{Path, PathBuf};
 
@@ -24,14 +25,14 @@ fn every_scenario_meets_its_expectations() {
     let mut misses = Vec::new();
     for f in &files {
         let sc = Scenario::load(f).unwrap_or_else(|e| panic!("{e}"));
-        assert!(!sc.expect.is_empty(), "{}: a scenario without expectations checks nothing", f.display());
+        assert!(!sc.expect().is_empty(), "{}: a scenario without expectations checks nothing", f.display());
         let t0 = std::time::Instant::now();
         let (r, results) = run_and_check(&sc, &mut |_| {}).unwrap();
-        eprintln!("{} ({} completions, {:.2?})", sc.name, r.completions(), t0.elapsed());
+        eprintln!("{} ({} completions, {:.2?})", sc.name(), r.completions(), t0.elapsed());
         for c in results {
             eprintln!("  {} {}", if c.ok { "ok  " } else { "MISS" }, c.description);
             if !c.ok {
-                misses.push(format!("{}: {}", sc.name, c.description));
+                misses.push(format!("{}: {}", sc.name(), c.description));
             }
         }
     }
@@ -56,14 +57,14 @@ fn a_sample_of_other_seeds_meets_the_expectations() {
     let mut left_out = Vec::new();
     for (i, f) in scenario_files().iter().enumerate() {
         let sc = Scenario::load(f).unwrap_or_else(|e| panic!("{e}"));
-        if SLOW_FOR_THE_SEED_PASS.contains(&sc.name.as_str()) {
-            left_out.push(sc.name);
+        if SLOW_FOR_THE_SEED_PASS.contains(&sc.name()) {
+            left_out.push(sc.name().to_string());
             continue;
         }
         let sc = sc.with_seed(2 + (i as u64 % 19)).unwrap();
         let (_, results) = run_and_check(&sc, &mut |_| {}).unwrap();
         for c in results.into_iter().filter(|c| !c.ok) {
-            misses.push(format!("{} seed {}: {}", sc.name, sc.seed(), c.description));
+            misses.push(format!("{} seed {}: {}", sc.name(), sc.seed(), c.description));
         }
     }
     assert!(misses.is_empty(), "missed expectations:\n{}", misses.join("\n"));
@@ -86,7 +87,7 @@ fn same_scenario_and_seed_give_identical_output() {
         // A different seed changes the run (the seed is really used).
         let sc2 = sc.with_seed(sc.seed() + 1).unwrap();
         let c = run(&sc2, &mut |_| {}).unwrap();
-        assert_ne!(a.timeseries.to_csv(), c.timeseries.to_csv(), "{}: seed has no effect", sc.name);
+        assert_ne!(a.timeseries.to_csv(), c.timeseries.to_csv(), "{}: seed has no effect", sc.name());
     }
 }
 
@@ -145,16 +146,22 @@ fn checks_fail_under_a_wrong_scheduler() {
                 break;
             }
         }
-        match (&caught, BASELINES.contains(&sc.name.as_str())) {
+        match (&caught, BASELINES.contains(&sc.name())) {
             (Some((sabotage, failed)), baseline) => {
-                eprintln!("{} under {} ({:.2?}): {} checks fail", sc.name, sabotage.name(), t0.elapsed(), failed.len());
+                eprintln!(
+                    "{} under {} ({:.2?}): {} checks fail",
+                    sc.name(),
+                    sabotage.name(),
+                    t0.elapsed(),
+                    failed.len()
+                );
                 for d in failed {
                     eprintln!("  FAIL {d}");
                 }
-                assert!(!baseline, "{}: listed in BASELINES but {} makes a check fail", sc.name, sabotage.name());
+                assert!(!baseline, "{}: listed in BASELINES but {} makes a check fail", sc.name(), sabotage.name());
             }
-            (None, true) => eprintln!("{}: a baseline, no check fails under {applied:?}", sc.name),
-            (None, false) => uncaught.push(format!("{} (tried {applied:?})", sc.name)),
+            (None, true) => eprintln!("{}: a baseline, no check fails under {applied:?}", sc.name()),
+            (None, false) => uncaught.push(format!("{} (tried {applied:?})", sc.name())),
         }
     }
     assert!(uncaught.is_empty(), "checks that no wrong scheduler makes fail:\n{}", uncaught.join("\n"));
@@ -168,10 +175,14 @@ fn array_checks_fail_without_the_array() {
     for name in ["parda-fig6-hosts", "flowcontrol-fig3ab-hosts"] {
         let f = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../scenarios/{name}.toml"));
         let sc = Scenario::load(&f).unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(sc.servers[0].device.discipline, Discipline::Array(_)), "{name}: an array");
+        assert!(matches!(sc.servers()[0].device.discipline, Discipline::Array(_)), "{name}: an array");
         for discipline in [Discipline::Ps, Discipline::Fifo] {
-            let mut wrong = sc.clone();
-            wrong.servers[0].device.discipline = discipline;
+            // The file with the array's server on `discipline`, all else as written.
+            let mut file = ScenarioFile::read(&f).unwrap();
+            file.servers[0].discipline = Some(discipline.name().to_string());
+            file.servers[0].array = None;
+            let wrong = file.validate_at(&f).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(wrong.servers()[0].device, DeviceSpec { discipline, ..sc.servers()[0].device.clone() });
             let (_, results) = run_and_check(&wrong, &mut |_| {}).unwrap();
             let failed: Vec<&str> = results.iter().filter(|c| !c.ok).map(|c| c.description.as_str()).collect();
             assert!(
@@ -194,10 +205,16 @@ fn array_checks_fail_without_the_array() {
 fn the_workload_sweep_fails_without_the_disks_positions() {
     let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/parda-fig5-workloads.toml");
     let sc = Scenario::load(&f).unwrap_or_else(|e| panic!("{e}"));
-    let mut wrong = sc.clone();
-    for srv in &mut wrong.servers {
+    // The file with every server's service exponential, all else as written.
+    let mut file = ScenarioFile::read(&f).unwrap();
+    for srv in &mut file.servers {
+        srv.service = "exponential".to_string();
+        srv.disk = None;
+    }
+    let wrong = file.validate_at(&f).unwrap_or_else(|e| panic!("{e}"));
+    for (srv, w) in sc.servers().iter().zip(wrong.servers()) {
         assert!(matches!(srv.device.service, ServiceModel::Disk(_)), "{}: the disk model", srv.name);
-        srv.device.service = ServiceModel::Exponential;
+        assert_eq!(w.device, DeviceSpec { service: ServiceModel::Exponential, ..srv.device.clone() });
     }
     let (_, results) = run_and_check(&wrong, &mut |_| {}).unwrap();
     let failed: Vec<&str> = results.iter().filter(|c| !c.ok).map(|c| c.description.as_str()).collect();

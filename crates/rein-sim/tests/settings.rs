@@ -31,8 +31,8 @@ fn with(top: &str, s2: &str) -> String {
 #[test]
 fn defaults_without_a_table() {
     let sc = Scenario::from_toml(BASE, None).unwrap();
-    assert_eq!(sc.sched, SchedConfig::default());
-    assert!(sc.servers.iter().all(|s| s.sched == SchedConfig::default()));
+    assert_eq!(sc.sched(), SchedConfig::default());
+    assert!(sc.servers().iter().all(|s| s.sched == SchedConfig::default()));
 }
 
 #[test]
@@ -43,9 +43,9 @@ fn servers_inherit_the_scenario_table_field_by_field() {
         .replace("[[servers]]\nname = \"s1\"", &format!("{top}\n[[servers]]\nname = \"s1\""));
     let sc = Scenario::from_toml(&text, None).unwrap();
     let paper = SchedConfig { batch: 8, cost_model: CostModel::paper_disk(), ..SchedConfig::paper() };
-    assert_eq!(sc.sched, paper);
-    assert_eq!(sc.servers[0].sched, paper);
-    let s2 = sc.servers[1].sched;
+    assert_eq!(sc.sched(), paper);
+    assert_eq!(sc.servers()[0].sched, paper);
+    let s2 = sc.servers()[1].sched;
     assert_eq!((s2.batch, s2.limit_mode), (2, LimitMode::BreakWhenIdle));
     assert_eq!(s2.reservation_lag, ReservationLag::Arrival);
     assert_eq!(s2.cost_model, CostModel::paper_disk());
@@ -55,9 +55,9 @@ fn servers_inherit_the_scenario_table_field_by_field() {
 fn shorthands_fold_into_the_table() {
     let sc = Scenario::from_toml(&with("cost_model = \"bytes\"", "batch = 8\nlimit_mode = \"break_when_idle\""), None)
         .unwrap();
-    assert_eq!(sc.servers[1].sched.cost_model, CostModel::BYTES);
-    assert_eq!((sc.servers[1].sched.batch, sc.servers[1].sched.limit_mode), (8, LimitMode::BreakWhenIdle));
-    assert_eq!(sc.servers[0].sched.batch, 1);
+    assert_eq!(sc.servers()[1].sched.cost_model, CostModel::BYTES);
+    assert_eq!((sc.servers()[1].sched.batch, sc.servers()[1].sched.limit_mode), (8, LimitMode::BreakWhenIdle));
+    assert_eq!(sc.servers()[0].sched.batch, 1);
 }
 
 #[test]

@@ -19,8 +19,8 @@ kind = "closed"
 #[test]
 fn accepts_the_minimal_scenario() {
     let sc = Scenario::from_toml(BASE, None).unwrap();
-    assert_eq!(sc.servers[0].queue_depth, 32);
-    assert_eq!(sc.tenants[0].workload.size_bytes, 4096);
+    assert_eq!(sc.servers()[0].queue_depth, 32);
+    assert_eq!(sc.tenants()[0].workload.size_bytes, 4096);
 }
 
 #[test]
@@ -453,7 +453,7 @@ fn tenants_on_one_trace_share_its_records() {
         );
     }
     let sc = Scenario::from_toml(&text, Some(&dir)).unwrap();
-    let records = |t: usize| match &sc.tenants[t].workload.kind {
+    let records = |t: usize| match &sc.tenants()[t].workload.kind {
         rein_model::WorkloadKind::Trace { records, .. } => std::sync::Arc::clone(records),
         _ => unreachable!(),
     };

@@ -258,7 +258,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
             if !(a.report.quiet || a.report.json) {
                 errln!(
                     "{}: {groups} independent group(s), run {n} at a time ({} cluster(s) one after another)",
-                    sc.name,
+                    sc.name(),
                     groups.div_ceil(n as usize)
                 );
             }
@@ -273,7 +273,7 @@ fn run_scenario(a: RunArgs) -> Result<()> {
     let baseline = match a.report.check.then(|| rein_sim::check::baseline_scenario(&sc)).flatten() {
         Some(b) => {
             if !(a.report.quiet || a.report.json) {
-                errln!("running the baseline the checks ask for ({}: PARDA off)", b.name);
+                errln!("running the baseline the checks ask for ({}: PARDA off)", b.name());
             }
             Some(run_on_cluster(&rt, &a, &b, (dir, Some("baseline")), (&mut term, &mut int), &mut failures)?)
         }
@@ -295,13 +295,13 @@ fn run_scenario(a: RunArgs) -> Result<()> {
 /// 3.4 % one group at a time).
 fn crowding_hint(sc: &Scenario, cpus: usize) -> Option<String> {
     let groups = sc.groups().len();
-    (groups > 1 && sc.servers.len() > 4 * cpus).then(|| {
+    (groups > 1 && sc.servers().len() > 4 * cpus).then(|| {
         format!(
             "note: {} has {groups} independent groups on {} servers and this machine {cpus} CPU(s); run \
              whole, the groups compete for the CPUs. `--groups-at-once N` runs N groups at a time and joins \
              them (docs/cluster.md)",
-            sc.name,
-            sc.servers.len()
+            sc.name(),
+            sc.servers().len()
         )
     })
 }
@@ -325,19 +325,19 @@ fn run_on_cluster(
     let bar = if quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        let b = ProgressBar::new(sc.duration.0);
+        let b = ProgressBar::new(sc.duration().0);
         b.set_style(
             ProgressStyle::with_template("{prefix} [{bar:40}] {msg}, ETA {eta}")
                 .expect("valid template")
                 .progress_chars("=> "),
         );
         b.set_prefix(match sub {
-            Some(s) => format!("{} ({s})", sc.name),
-            None => sc.name.clone(),
+            Some(s) => format!("{} ({s})", sc.name()),
+            None => sc.name().to_string(),
         });
         b
     };
-    let total = sc.duration.as_secs_f64();
+    let total = sc.duration().as_secs_f64();
     let b = bar.clone();
     let (sc_run, plan_run, sup_run) = (sc.clone(), plan.clone(), sup.clone());
     // The load runs as a task on the runtime's workers, not on this thread (`block_on`'s): the connections'

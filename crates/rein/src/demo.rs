@@ -353,13 +353,13 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&r.summary)?);
         return Ok(());
     }
-    outln!("{}\n", sc.description.trim());
+    outln!("{}\n", sc.description().trim());
     for (label, a, b) in [("capacity 2,400 IOPS (5-60 s)", 5.0, 60.0), ("capacity 1,200 IOPS (65-120 s)", 65.0, 120.0)]
     {
         let oracle = r.oracle_iops(a, b);
         outln!("{label}:");
         outln!("  {:<6} {:>10} {:>10} {:>8}", "tenant", "IOPS", "oracle", "diff");
-        for (i, t) in sc.tenants.iter().enumerate() {
+        for (i, t) in sc.tenants().iter().enumerate() {
             let got = r.timeseries.iops(i, a, b);
             outln!(
                 "  {:<6} {:>10.1} {:>10.1} {:>+7.1}%",
@@ -375,7 +375,7 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
     let held = |word: &str| {
         results
             .iter()
-            .zip(&sc.expect)
+            .zip(sc.expect())
             .filter(|(_, e)| e.note.as_deref().is_some_and(|n| n.contains(word)))
             .all(|(c, _)| c.ok)
     };

@@ -464,9 +464,9 @@ pub(crate) fn interval_chart(out: &mut OutDir, stem: &str, title: &str, bars: &[
 /// The plots [`pshift_plots`] draws: none without `[pshift]`, else intervals, and periods for up to 12
 /// buckets.
 pub(crate) fn pshift_plot_names(sc: &rein_sim::Scenario) -> Vec<&'static str> {
-    match sc.pshift {
+    match sc.pshift() {
         None => vec![],
-        Some(_) if sc.tenants.len() <= 12 => vec!["intervals", "periods"],
+        Some(_) if sc.tenants().len() <= 12 => vec!["intervals", "periods"],
         Some(_) => vec!["intervals"],
     }
 }
@@ -477,7 +477,7 @@ pub(crate) fn pshift_plot_names(sc: &rein_sim::Scenario) -> Vec<&'static str> {
 // `%` rather than `usize::is_multiple_of`, which needs Rust 1.87 (the workspace declares 1.80).
 #[allow(clippy::manual_is_multiple_of)]
 pub(crate) fn pshift_plots(out: &mut OutDir, title: &str, sc: &rein_sim::Scenario, ts: &Timeseries) -> Result<()> {
-    let Some(ps) = sc.pshift.as_deref() else { return Ok(()) };
+    let Some(ps) = sc.pshift() else { return Ok(()) };
     let dt = ts.interval_s;
     let period = ps.period.as_secs_f64();
     let start = ps.start.as_secs_f64();
@@ -485,9 +485,9 @@ pub(crate) fn pshift_plots(out: &mut OutDir, title: &str, sc: &rein_sim::Scenari
     let first = (start / dt).round() as usize;
     let per_interval = (cells_per_period / ps.intervals as usize).max(1);
     // The sample: buckets by reservation, high to low, every k-th.
-    let mut order: Vec<usize> = (0..sc.tenants.len()).collect();
+    let mut order: Vec<usize> = (0..sc.tenants().len()).collect();
     order.sort_by(|&a, &b| {
-        sc.tenants[b].spec.reservation().total_cmp(&sc.tenants[a].spec.reservation()).then(a.cmp(&b))
+        sc.tenants()[b].spec.reservation().total_cmp(&sc.tenants()[a].spec.reservation()).then(a.cmp(&b))
     });
     let step = order.len().div_ceil(40).max(1);
     let bars: Vec<IntervalBar> = order
@@ -504,7 +504,7 @@ pub(crate) fn pshift_plots(out: &mut OutDir, title: &str, sc: &rein_sim::Scenari
                         .sum()
                 })
                 .collect(),
-            reservation: sc.tenants[t].spec.reservation() * period,
+            reservation: sc.tenants()[t].spec.reservation() * period,
         })
         .collect();
     let step_note = if step > 1 { format!(", every {step}th bucket") } else { String::new() };
@@ -530,10 +530,10 @@ pub(crate) fn pshift_plots(out: &mut OutDir, title: &str, sc: &rein_sim::Scenari
             buckets.push((name.clone(), segments));
         }
         let mut levels = Vec::new();
-        let spec = &sc.tenants[0].spec;
-        if sc.tenants.iter().all(|t| t.spec.reservation() == spec.reservation()) {
+        let spec = &sc.tenants()[0].spec;
+        if sc.tenants().iter().all(|t| t.spec.reservation() == spec.reservation()) {
             levels.push(("reservation".to_string(), spec.reservation() * period));
-            if let Some(l) = spec.limit().filter(|_| sc.tenants.iter().all(|t| t.spec.limit() == spec.limit())) {
+            if let Some(l) = spec.limit().filter(|_| sc.tenants().iter().all(|t| t.spec.limit() == spec.limit())) {
                 levels.push(("limit".to_string(), l * period));
             }
         }

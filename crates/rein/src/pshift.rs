@@ -135,15 +135,12 @@ fn sweep(a: &SweepArgs) -> Result<()> {
                 let g = p.generate.as_mut().expect("checked");
                 g.active_servers = rein_sim::file::pshift::ActiveFile::One(na);
                 g.demand_changes = nd;
-                let label = a.scenario.display().to_string();
-                let mut sc =
-                    f.validate_as(a.scenario.parent(), label).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;
-                sc.path = Some(a.scenario.clone());
+                let sc = f.validate_at(&a.scenario).with_context(|| format!("N_A = {na}, N_D = {nd}"))?;
                 let t0 = Instant::now();
                 let run = rein_sim::run(&sc, &mut |_| {})?;
-                let ps = sc.pshift.as_deref().expect("pshift scenario");
-                let all: Vec<usize> = (0..sc.tenants.len()).collect();
-                let periods = ps.periods_in(ps.start.as_secs_f64(), sc.duration.as_secs_f64());
+                let ps = sc.pshift().expect("pshift scenario");
+                let all: Vec<usize> = (0..sc.tenants().len()).collect();
+                let periods = ps.periods_in(ps.start.as_secs_f64(), sc.duration().as_secs_f64());
                 let (_, met) =
                     run.tenant_periods(&all, &periods, PeriodMetric::ReservationMetFraction, a.threshold_pct);
                 errs.push(1.0 - met);

@@ -51,17 +51,17 @@ pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
         sc = sc.with_seed(seed)?;
     }
     if let Some(s) = &args.scheduler {
-        if sc.pshift.is_some() {
+        if sc.pshift().is_some() {
             bail!(
                 "scenario {}: --scheduler: pShift scenarios run token schedulers; set controller = false in [pshift] \
                  for plain round robin",
                 sc.label()
             );
         }
-        let (kind, distributed) = rein_sim::model::parse_scheduler(s).map_err(anyhow::Error::msg)?;
+        // A name that is no scheduler is the command line's error, not the scenario's.
+        rein_sim::model::parse_scheduler(s).map_err(anyhow::Error::msg)?;
         // Held to what the file may say: `scheduler = "token"` outside [pshift] is refused, so is this.
-        sc = sc.with_scheduler(kind, distributed).map_err(|e| anyhow::anyhow!("{e} (from --scheduler {s})"))?;
-        sc.scheduler_name = s.clone();
+        sc = sc.with_scheduler_named(s).map_err(|e| anyhow::anyhow!("{e} (from --scheduler {s})"))?;
     }
     if let Some(name) = &args.sabotage {
         let Some(sabotage) = Sabotage::ALL.into_iter().find(|x| x.name() == name) else {
@@ -83,7 +83,7 @@ pub(crate) fn run_with_progress(
     quiet: bool,
     check: bool,
 ) -> Result<(RunTotals, Option<Vec<CheckResult>>)> {
-    let total = sc.duration.0;
+    let total = sc.duration().0;
     let bar = if quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
@@ -93,12 +93,12 @@ pub(crate) fn run_with_progress(
                 .expect("valid template")
                 .progress_chars("=> "),
         );
-        b.set_prefix(sc.name.clone());
+        b.set_prefix(sc.name().to_string());
         b
     };
     let mut progress = |t: rein_core::Nanos| {
         bar.set_position(t.0);
-        bar.set_message(format!("{:.1}/{:.1} s", t.as_secs_f64(), sc.duration.as_secs_f64()));
+        bar.set_message(format!("{:.1}/{:.1} s", t.as_secs_f64(), sc.duration().as_secs_f64()));
     };
     let r = if check {
         let (r, results) = rein_sim::run_and_check(sc, &mut progress)?;
@@ -275,8 +275,8 @@ pub(crate) fn write_outputs(
     r: &RunTotals,
     checks: Option<&[CheckResult]>,
 ) -> Result<Vec<&'static str>> {
-    let measured = (sc.duration.saturating_sub(sc.warmup)).as_secs_f64().max(1e-9);
-    write_files(dir, &sc.name, measured, r, checks, Some(sc))
+    let measured = (sc.duration().saturating_sub(sc.warmup())).as_secs_f64().max(1e-9);
+    write_files(dir, sc.name(), measured, r, checks, Some(sc))
 }
 
 /// Writes a run's files (simulated or measured by `rein load`) into `dir`; returns the plots drawn.
@@ -439,7 +439,7 @@ pub(crate) fn run(args: SimArgs) -> Result<()> {
 /// `--check` of a scenario without `[[expect]]` entries is refused before the run, which would check
 /// nothing.
 pub(crate) fn require_expectations(sc: &Scenario) -> Result<()> {
-    if sc.expect.is_empty() {
+    if sc.expect().is_empty() {
         bail!("scenario {}: --check: it has no [[expect]] entries, nothing to check", sc.label());
     }
     Ok(())

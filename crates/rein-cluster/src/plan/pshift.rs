@@ -84,7 +84,7 @@ pub fn controller_config(
         "# rein cluster: the pShift controller of scenario {}\nlisten = {}\nadmin = {}\nhold = true\n\
          period_s = {}\nintervals = {}\nstart_s = {}\n{}exact_limits = {}\nearly_rounds = {}\n\
          message_delay_ms = {}\n",
-        sc.name,
+        sc.name(),
         q(&listen.to_string()),
         q(&admin.to_string()),
         f(period_s),
@@ -98,10 +98,10 @@ pub fn controller_config(
     if let Some(m) = ps.approx_top {
         let _ = writeln!(t, "approx_top = {m}");
     }
-    for s in &sc.servers {
+    for s in sc.servers() {
         let _ = write!(t, "\n[[servers]]\nname = {}\ncapacity_iops = {}\n", q(&s.name), f(s.device.capacity_iops));
     }
-    for b in &sc.tenants {
+    for b in sc.tenants() {
         let _ = write!(t, "\n[[buckets]]\nname = {}\nreservation_iops = {}\n", q(&b.name), f(b.spec.reservation()));
         if let Some(l) = b.spec.limit() {
             let _ = writeln!(t, "limit_iops = {}", f(l));
@@ -113,12 +113,12 @@ pub fn controller_config(
     if back.config != want {
         return Err(format!("the controller's configuration reads back as {:?}, not {want:?}", back.config));
     }
-    for (s, (name, cap)) in sc.servers.iter().zip(&back.servers) {
+    for (s, (name, cap)) in sc.servers().iter().zip(&back.servers) {
         if *name != s.name || *cap != s.device.capacity_iops {
             return Err(format!("server {} reads back as {name:?} at {cap} IOPS", s.name));
         }
     }
-    for (b, (name, qos)) in sc.tenants.iter().zip(&back.buckets) {
+    for (b, (name, qos)) in sc.tenants().iter().zip(&back.buckets) {
         let want = ps.bucket_qos(b);
         if *name != b.name || *qos != want {
             return Err(format!("bucket {} reads back as {name:?} {qos:?}, not {want:?}", b.name));
@@ -138,26 +138,26 @@ pub(super) fn node_config(
     admin: SocketAddr,
     controller: Option<SocketAddr>,
 ) -> Result<String, String> {
-    let s = &sc.servers[i];
+    let s = &sc.servers()[i];
     let users: Vec<&rein_sim::model::Tenant> =
-        sc.tenants.iter().zip(&ps.buckets).filter(|(_, p)| bucket_servers(p).contains(&i)).map(|(t, _)| t).collect();
+        sc.tenants().iter().zip(&ps.buckets).filter(|(_, p)| bucket_servers(p).contains(&i)).map(|(t, _)| t).collect();
     let mut t = format!(
         "# rein cluster: pShift server {} of scenario {}\nlisten = {}\nadmin = {}\ndata_dir = {}\nscheduler = \"token\"\n\
          queue_depth = {}\nadmission = \"warn\"\nshutdown_timeout_s = 2\n{}",
         s.name,
-        sc.name,
+        sc.name(),
         q(&nbd.to_string()),
         q(&admin.to_string()),
         q(&format!("node-{}", s.name)),
         s.queue_depth,
-        budget_lines(&users, sc.duration),
+        budget_lines(&users, sc.duration()),
     );
     t.push('\n');
     t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
     t.push('\n');
     t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
     let mut exports = 0;
-    for (b, plan) in sc.tenants.iter().zip(&ps.buckets) {
+    for (b, plan) in sc.tenants().iter().zip(&ps.buckets) {
         if !bucket_servers(plan).contains(&i) {
             continue;
         }
@@ -200,14 +200,14 @@ pub(super) fn processes(
 ) -> Result<(Vec<NodePlan>, Option<ControllerPlan>), PlanError> {
     let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
     let controller = if ps.controller {
-        let (listen, admin) = addrs(sc.servers.len())?;
+        let (listen, admin) = addrs(sc.servers().len())?;
         let config = controller_config(sc, ps, listen, admin).map_err(invalid)?;
         Some(ControllerPlan { listen, admin, config })
     } else {
         None
     };
-    let mut nodes = Vec::with_capacity(sc.servers.len());
-    for (i, s) in sc.servers.iter().enumerate() {
+    let mut nodes = Vec::with_capacity(sc.servers().len());
+    for (i, s) in sc.servers().iter().enumerate() {
         let (nbd, admin) = addrs(i)?;
         let config = node_config(sc, ps, i, nbd, admin, controller.as_ref().map(|c| c.listen)).map_err(invalid)?;
         nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config });
@@ -232,7 +232,18 @@ mod tests {
     }
 
     fn scenario(name: &str) -> Scenario {
-        Scenario::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name)).unwrap()
+        Scenario::load(&path(name)).unwrap()
+    }
+
+    fn path(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios").join(name)
+    }
+
+    /// Scenario file `name` with its `[pshift]` section changed by `edit`, validated as a file saying so.
+    fn scenario_with(name: &str, edit: impl FnOnce(&mut rein_sim::file::pshift::PshiftFile)) -> Scenario {
+        let mut f = rein_sim::file::ScenarioFile::read(&path(name)).unwrap();
+        edit(f.pshift.as_mut().expect("a [pshift] scenario"));
+        f.validate_at(&path(name)).unwrap()
     }
 
     /// Experiment 4 (generated buckets with demand changes): a controller after the nodes, whose ctl.toml
@@ -243,7 +254,7 @@ mod tests {
     #[test]
     fn a_pshift_scenario_plans_a_controller_token_nodes_and_direct_buckets() {
         let sc = scenario("pshift-exp4-small.toml");
-        let ps = sc.pshift.as_ref().unwrap();
+        let ps = sc.pshift().unwrap();
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         let ctl = plan.controller.as_ref().expect("a controller");
         assert_eq!(ctl.listen, SocketAddr::from(([127, 0, 0, 18], 20_000)), "after the 8 nodes");
@@ -276,7 +287,7 @@ mod tests {
             assert_eq!(c.scheduler, rein_core::SchedulerKind::Token);
             assert_eq!(c.queue_depth, 1);
             let link = c.pshift.as_ref().expect("linked");
-            assert_eq!((link.controller, link.name.as_str()), (ctl.listen, sc.servers[i].name.as_str()));
+            assert_eq!((link.controller, link.name.as_str()), (ctl.listen, sc.servers()[i].name.as_str()));
             let want: Vec<String> = ps
                 .buckets
                 .iter()
@@ -309,8 +320,8 @@ mod tests {
     /// back as the simulator's controller).
     #[test]
     fn the_backlog_idle_share_reaches_the_controller() {
-        let mut sc = scenario("pshift-exp3-limits-small.toml");
-        std::sync::Arc::make_mut(sc.pshift.as_mut().unwrap()).backlog_idle_bp = 250;
+        let sc = scenario_with("pshift-exp3-limits-small.toml", |p| p.backlog_idle_pct = Some(2.5));
+        assert_eq!(sc.pshift().unwrap().backlog_idle_bp, 250);
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         let ctl = plan.controller.as_ref().expect("a controller");
         assert!(ctl.config.contains("estimator = \"backlog\"\nbacklog_idle_pct = 2.5\n"), "{}", ctl.config);
@@ -322,8 +333,12 @@ mod tests {
     /// Without a controller (the round-robin baseline) the nodes run the token scheduler unlinked.
     #[test]
     fn a_baseline_without_a_controller_plans_plain_round_robin_nodes() {
-        let mut sc = scenario("pshift-exp3-limits-small.toml");
-        std::sync::Arc::make_mut(sc.pshift.as_mut().unwrap()).controller = false;
+        // The file as the round-robin baseline: no controller, and none of the checks that read its tally.
+        let path = path("pshift-exp3-limits-small.toml");
+        let mut f = rein_sim::file::ScenarioFile::read(&path).unwrap();
+        f.pshift.as_mut().unwrap().controller = false;
+        f.expect.retain(|e| e.count.as_deref() != Some("servers"));
+        let sc = f.validate_at(&path).unwrap();
         let plan = Plan::new(&sc, fixed_ports).unwrap();
         assert!(plan.controller.is_none());
         for n in &plan.nodes {

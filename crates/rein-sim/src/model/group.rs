@@ -113,3 +113,32 @@ impl Scenario {
         sc
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{run, run_in_parts, RunTotals, Scenario};
+
+    /// The scenario of `tests/groups.rs`, whose check that parts run apart and joined are the whole run this
+    /// test shows can fail. (Here, not there: it edits a part's streams, which only this crate can.)
+    const FIVE: &str = include_str!("../../tests/common/groups-five.toml");
+
+    fn bytes(t: &RunTotals) -> (String, String) {
+        (t.summary.to_json(), t.timeseries.to_csv())
+    }
+
+    /// Without the streams kept (each part's tenants and servers drawing by their index in the part) the
+    /// joined run differs: the check of `tests/groups.rs` can fail.
+    #[test]
+    fn a_part_that_draws_by_its_own_indices_differs() {
+        let sc = Scenario::from_toml(FIVE, None).unwrap();
+        let whole = bytes(&run(&sc, &mut |_| {}).unwrap());
+        let joined = run_in_parts(&sc, 1, |part, _, _| {
+            let mut p = part.clone();
+            p.tenants.iter_mut().enumerate().for_each(|(i, t)| t.stream = i as u64);
+            p.servers.iter_mut().enumerate().for_each(|(i, s)| s.stream = i);
+            run(&p, &mut |_| {})
+        })
+        .unwrap();
+        assert_ne!(bytes(&joined), whole);
+    }
+}

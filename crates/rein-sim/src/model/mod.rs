@@ -277,56 +277,85 @@ pub enum NameError {
 }
 
 /// A validated scenario.
+///
+/// It holds what validation checked, and the run relies on it (the engine's `expect`s among others): every
+/// value within its bound (the times, the sizes, [`MAX_PAIRS`] and this module's other bounds), every name
+/// unique and every reference resolved (a tenant's servers and host, an expectation's tenants, servers and
+/// hosts are indices into this scenario's lists), PARDA hosts and a pShift cluster not both, a pShift
+/// cluster's tenants its buckets as drawn from the seed, and every server's scheduler one its section allows
+/// (the token scheduler only in a pShift cluster, and only it there).
+///
+/// Only validated construction makes one: [`Scenario::load`], [`Scenario::from_toml`] and
+/// [`ScenarioFile::validate`] (with [`ScenarioFile::validate_as`] and [`ScenarioFile::validate_at`]), and
+/// the copies made from a valid one that keep all this: [`Scenario::with_seed`] (which draws the buckets
+/// again), [`Scenario::with_scheduler`], [`Scenario::with_scheduler_named`], [`Scenario::without_parda`],
+/// [`Scenario::part`] and [`crate::check::Sabotage::apply`] (whose copy keeps the checks of the scenario it
+/// weakens: they are what it is run against). Its fields are private to this crate: other crates read them
+/// through the methods of the same names ([`Scenario::tenants`], [`Scenario::servers`], ...), so none can
+/// edit a valid scenario into one the run would trip on; a variant is a changed [`ScenarioFile`], validated.
+///
+/// ```
+/// let text = "name = \"n\"\nduration_s = 4\n[[servers]]\nname = \"a\"\ncapacity_iops = 1000\n\
+///             [[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 1\n";
+/// let sc = rein_sim::Scenario::from_toml(text, None).unwrap();
+/// assert_eq!((sc.name(), sc.tenants().len(), sc.servers()[0].name.as_str()), ("n", 1, "a"));
+/// ```
+///
+/// The same scenario's tenants emptied from outside this crate: refused at compile time.
+///
+/// ```compile_fail
+/// let text = "name = \"n\"\nduration_s = 4\n[[servers]]\nname = \"a\"\ncapacity_iops = 1000\n\
+///             [[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\noutstanding = 1\n";
+/// let mut sc = rein_sim::Scenario::from_toml(text, None).unwrap();
+/// sc.tenants.clear();
+/// ```
 #[derive(Debug, Clone)]
 pub struct Scenario {
     /// Its name.
-    pub name: String,
+    pub(crate) name: String,
     /// The file it was read from ([`Scenario::load`]; `None` for text given directly).
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
     /// The sabotage this run is under (`rein sim --sabotage`, [`crate::check::Sabotage`]): its name, for
     /// the reports. `None` for the scenario as written.
-    pub sabotage: Option<&'static str>,
+    pub(crate) sabotage: Option<&'static str>,
     /// What it reproduces.
-    pub description: String,
+    pub(crate) description: String,
     /// Simulated time: the run ends here (positive, at most [`MAX_DURATION_S`]).
-    pub duration: Nanos,
+    pub(crate) duration: Nanos,
     /// Time excluded from the totals (summary.json), less than `duration`; the timeseries covers it.
-    pub warmup: Nanos,
+    pub(crate) warmup: Nanos,
     /// The run's seed: every random draw of the run derives from it, including those made while validating
     /// (pShift's generated buckets). Read with [`Scenario::seed`], changed only through
     /// [`Scenario::with_seed`], which draws those again.
     seed: u64,
     /// Timeseries interval (at least 1 ms, at most [`MAX_INTERVALS`] of them in `duration`).
-    pub interval: Nanos,
+    pub(crate) interval: Nanos,
     /// The scenario-wide scheduler settings (`[mclock]`, with `cost_model`): what a PARDA host's local
     /// scheduler uses; servers carry their own ([`Server::sched`]), with their table over this one.
-    pub sched: SchedConfig,
+    pub(crate) sched: SchedConfig,
     /// One-way delay between gateways and servers.
-    pub net_delay: Nanos,
+    pub(crate) net_delay: Nanos,
     /// Servers, in file order.
-    pub servers: Vec<Server>,
+    pub(crate) servers: Vec<Server>,
     /// Tenants in file order, names unique; in a pShift cluster its buckets (written, or generated as `b0`,
     /// `b1`, ...).
-    pub tenants: Vec<Tenant>,
+    pub(crate) tenants: Vec<Tenant>,
     /// What `--check` verifies.
-    pub expect: Vec<Expectation>,
+    pub(crate) expect: Vec<Expectation>,
     /// The default scheduler name as written (for reports).
-    pub scheduler_name: String,
+    pub(crate) scheduler_name: String,
     /// PARDA parameters, when the scenario has hosts.
-    pub parda: Option<parda::Parda>,
+    pub(crate) parda: Option<parda::Parda>,
     /// PARDA hosts in file order (empty without `[[hosts]]`).
-    pub hosts: Vec<parda::Host>,
+    pub(crate) hosts: Vec<parda::Host>,
     /// A pShift cluster: tenants are its buckets.
-    pub pshift: Option<Arc<pshift::PshiftSection>>,
+    pub(crate) pshift: Option<Arc<pshift::PshiftSection>>,
 }
 
 impl Scenario {
     /// Reads and validates a scenario file. Relative trace paths resolve against the file's directory.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let label = path.display().to_string();
-        let mut sc = ScenarioFile::read(path)?.validate_as(path.parent(), label)?;
-        sc.path = Some(path.to_path_buf());
-        Ok(sc)
+        ScenarioFile::read(path)?.validate_at(path)
     }
 
     /// How errors name the scenario, after `scenario `: its file's path as given, or for text given
@@ -343,6 +372,88 @@ impl Scenario {
     /// The run's seed.
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// Its name (not empty, no control character).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The file it was read from ([`Scenario::load`], [`ScenarioFile::validate_at`]); `None` for text given
+    /// directly.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The sabotage this run is under (`rein sim --sabotage`, [`crate::check::Sabotage`]): its name, for the
+    /// reports. `None` for the scenario as written.
+    pub fn sabotage(&self) -> Option<&'static str> {
+        self.sabotage
+    }
+
+    /// What it reproduces.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// Simulated time: the run ends here (positive, at most [`MAX_DURATION_S`]).
+    pub fn duration(&self) -> Nanos {
+        self.duration
+    }
+
+    /// Time excluded from the totals (summary.json), less than [`Scenario::duration`].
+    pub fn warmup(&self) -> Nanos {
+        self.warmup
+    }
+
+    /// Timeseries interval (at least 1 ms, at most [`MAX_INTERVALS`] of them in the duration).
+    pub fn interval(&self) -> Nanos {
+        self.interval
+    }
+
+    /// The scenario-wide scheduler settings (`[mclock]`, with `cost_model`).
+    pub fn sched(&self) -> SchedConfig {
+        self.sched
+    }
+
+    /// One-way delay between gateways and servers.
+    pub fn net_delay(&self) -> Nanos {
+        self.net_delay
+    }
+
+    /// Servers, in file order.
+    pub fn servers(&self) -> &[Server] {
+        &self.servers
+    }
+
+    /// Tenants in file order, names unique; in a pShift cluster its buckets.
+    pub fn tenants(&self) -> &[Tenant] {
+        &self.tenants
+    }
+
+    /// What `--check` verifies.
+    pub fn expect(&self) -> &[Expectation] {
+        &self.expect
+    }
+
+    /// The default scheduler's name as written (for reports).
+    pub fn scheduler_name(&self) -> &str {
+        &self.scheduler_name
+    }
+
+    /// PARDA parameters, when the scenario has hosts.
+    pub fn parda(&self) -> Option<&parda::Parda> {
+        self.parda.as_ref()
+    }
+
+    /// PARDA hosts in file order (empty without `[[hosts]]`).
+    pub fn hosts(&self) -> &[parda::Host] {
+        &self.hosts
+    }
+
+    /// A pShift cluster: tenants are its buckets.
+    pub fn pshift(&self) -> Option<&pshift::PshiftSection> {
+        self.pshift.as_deref()
     }
 
     /// A copy with another seed. What validation drew from the seed is drawn again (pShift's generated
@@ -375,6 +486,17 @@ impl Scenario {
         s.scheduler_name = kind.name().to_string();
         check_schedulers(s.pshift.is_some(), &s.servers)
             .map_err(|e| ScenarioError::Invalid { scenario: self.label(), error: ModelError::Server(e) })?;
+        Ok(s)
+    }
+
+    /// A copy running every server on the scheduler `name` names ([`parse_scheduler`]), as
+    /// [`Scenario::with_scheduler`] does, with `name` as given for the reports' scheduler (`rein sim
+    /// --scheduler lfq` reports `lfq`, not the `sfq` it runs). A name that names no scheduler is refused.
+    pub fn with_scheduler_named(&self, name: &str) -> Result<Scenario, ScenarioError> {
+        let (kind, distributed) = parse_scheduler(name)
+            .map_err(|e| ScenarioError::Invalid { scenario: self.label(), error: ModelError::Scheduler(e) })?;
+        let mut s = self.with_scheduler(kind, distributed)?;
+        s.scheduler_name = name.to_string();
         Ok(s)
     }
 
@@ -539,6 +661,15 @@ impl ScenarioFile {
     /// [`ScenarioFile::validate`] with errors naming the scenario as `label` ([`Scenario::label`]).
     pub fn validate_as(self, base: Option<&Path>, label: String) -> Result<Scenario, ScenarioError> {
         validate(self, base).map_err(|error| ScenarioError::Invalid { scenario: label, error })
+    }
+
+    /// Validates the file read from `path` (trace paths relative to its directory, errors naming it) into a
+    /// [`Scenario`] that knows it came from there ([`Scenario::path`]): what [`Scenario::load`] does, for a
+    /// file changed between reading and validating (`rein pshift sweep`).
+    pub fn validate_at(self, path: &Path) -> Result<Scenario, ScenarioError> {
+        let mut sc = self.validate_as(path.parent(), path.display().to_string())?;
+        sc.path = Some(path.to_path_buf());
+        Ok(sc)
     }
 }
 
@@ -818,5 +949,40 @@ mod tests {
         let text = BASE.replacen("name = \"a\"", "name = \"a\"\nservers = [\"x\"]", 1);
         let message = Scenario::from_toml(&text, None).unwrap_err().to_string();
         assert_eq!(message, "scenario \"t\": tenant a: unknown server \"x\"");
+    }
+
+    /// `rein sim --scheduler NAME`'s copy: every server on the scheduler NAME names, reported under NAME as
+    /// given; a name that is none, or one the scenario's section does not allow, refused and nothing kept.
+    #[test]
+    fn a_named_scheduler_runs_everywhere_under_its_name() {
+        let sc = Scenario::from_toml(BASE, None).unwrap();
+        let s = sc.with_scheduler_named("LFQ").unwrap();
+        assert_eq!(s.scheduler_name(), "LFQ");
+        assert!(s.servers().iter().all(|srv| srv.scheduler == SchedulerKind::Sfq && !srv.distributed));
+        assert_eq!(sc.scheduler_name(), "mclock", "the original is unchanged");
+        let e = sc.with_scheduler_named("wfq").unwrap_err().to_string();
+        assert!(e.starts_with("scenario \"t\": unknown scheduler \"wfq\""), "{e}");
+        let e = sc.with_scheduler_named("token").unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                ScenarioError::Invalid {
+                    error: ModelError::Server(ServerError { fault: ServerFault::TokenWithoutPshift, .. }),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    /// A file validated at its path knows it (errors and reports name it); text given directly does not.
+    #[test]
+    fn a_file_validated_at_its_path_is_named_by_it() {
+        let at = Path::new("dir/t.toml");
+        let sc = ScenarioFile::parse(BASE).unwrap().validate_at(at).unwrap();
+        assert_eq!((sc.path(), sc.label()), (Some(at), "dir/t.toml".to_string()));
+        let e = ScenarioFile::parse(&BASE.replace("duration_s = 10", "duration_s = 0")).unwrap().validate_at(at);
+        assert!(e.unwrap_err().to_string().starts_with("scenario dir/t.toml: duration_s"));
+        assert_eq!(Scenario::from_toml(BASE, None).unwrap().path(), None);
     }
 }
