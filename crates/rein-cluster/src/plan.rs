@@ -489,6 +489,30 @@ pub enum StripeError {
     },
 }
 
+/// Why a node's or a PARDA host's config cannot be written ([`node_config`], [`host_config`]; a
+/// gateway's refuses only its tenant's [`StripeError`]); the message names the server, tenant or table
+/// once, the plan the scenario.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigWriteError {
+    /// A node's `[mclock]` or `[device_model]` table (the server's own).
+    #[error("server {server}: {table}")]
+    ServerTable {
+        /// The server.
+        server: String,
+        /// Why its table cannot be written.
+        table: TableError,
+    },
+    /// A PARDA host's `[parda]` or `[mclock]` table: the scenario's, the same on every host.
+    #[error(transparent)]
+    Table(TableError),
+    /// A tenant's stripe (it names the tenant).
+    #[error(transparent)]
+    Stripe(#[from] StripeError),
+    /// More exports than a node takes (it names the server).
+    #[error(transparent)]
+    Exports(#[from] ExportsError),
+}
+
 impl Plan {
     /// [`Plan::at`] from [`DEFAULT_FIRST_ADDRESS`].
     pub fn new(sc: &Scenario, port: impl FnMut(Ipv4Addr, u16) -> std::io::Result<u16>) -> Result<Plan, PlanError> {
@@ -592,7 +616,8 @@ impl Plan {
             // Only where its gateways speak the storage-node protocol (module comment): under mclock,
             // sfq as LFQ or fifo the node's [node] did nothing but draw a warning.
             let node = !multi.is_empty() && s.distributed;
-            let text = node_config(sc, s, nbd, admin, &format!("node-{}", s.name), &users, node).map_err(invalid)?;
+            let text = node_config(sc, s, nbd, admin, &format!("node-{}", s.name), &users, node)
+                .map_err(|e| invalid(e.to_string()))?;
             nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
         }
         let mut gateways = Vec::new();
@@ -613,7 +638,8 @@ impl Plan {
                     .filter(|&(g, o)| g != h && o.runs_parda(p))
                     .map(|(g, _)| (g as u32, addrs[g].2))
                     .collect();
-                let text = host_config(sc, p, h, &nodes[hp.server], nbd, admin, udp, &peers).map_err(invalid)?;
+                let text = host_config(sc, p, h, &nodes[hp.server], nbd, admin, udp, &peers)
+                    .map_err(|e| invalid(e.to_string()))?;
                 let udp = publishes(hp, p).then_some(udp);
                 gateways.push(GatewayPlan { tenant: format!("host-{}", hp.name), nbd, admin, udp, config: text });
                 host_admins.push(admin);
@@ -656,7 +682,7 @@ impl Plan {
             }
             let (nbd, admin, _) = addr3(sc.servers().len() + gateways.len(), false)?;
             debug_assert!(sc.hosts().is_empty(), "a PARDA scenario's tenants are VMs on hosts or on one server");
-            let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(invalid)?;
+            let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(|e| invalid(e.to_string()))?;
             let (unit_kb, w) = stripe(t).map_err(|e| invalid(e.to_string()))?;
             let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
             let layout = Stripe::new(unit_kb * 1024, &w).map_err(|e| invalid(format!("tenant {}: {e}", t.name)))?;
@@ -770,7 +796,7 @@ fn host_config(
     admin: SocketAddr,
     udp: SocketAddr,
     peers: &[(u32, SocketAddr)],
-) -> Result<String, String> {
+) -> Result<String, ConfigWriteError> {
     let host = &sc.hosts()[h];
     let vms: Vec<&Tenant> = host.vms.iter().map(|&t| &sc.tenants()[t]).collect();
     let bound: u64 = vms.iter().map(|t| in_flight_bound(t, sc.duration())).fold(0, u64::saturating_add);
@@ -804,10 +830,10 @@ fn host_config(
         );
     }
     g.push('\n');
-    g.push_str(&parda_table(p).map_err(|e| e.to_string())?);
+    g.push_str(&parda_table(p).map_err(ConfigWriteError::Table)?);
     // The local scheduler's settings: the scenario's, as the simulator's hosts run them.
     g.push('\n');
-    g.push_str(&mclock_table(&sc.sched()).map_err(|e| e.to_string())?);
+    g.push_str(&mclock_table(&sc.sched()).map_err(ConfigWriteError::Table)?);
     let _ = write!(g, "\n[parda_host]\nid = {h}\ncontrolled = {}\n", host.controlled);
     if let Some(b) = host.beta {
         let _ = writeln!(g, "beta = {}", f(b));
@@ -1082,7 +1108,7 @@ fn node_config(
     data: &str,
     users: &[(&Tenant, usize)],
     node: bool,
-) -> Result<String, String> {
+) -> Result<String, ConfigWriteError> {
     let mut t = format!(
         "# rein cluster: server {} of scenario {}\nlisten = {}\nadmin = {}\ndata_dir = {}\nscheduler = {}\n\
          queue_depth = {}\n# The simulator never refuses a scenario's reservations.\nadmission = \"warn\"\n\
@@ -1102,9 +1128,10 @@ fn node_config(
         t.push_str("\n[node]\nenabled = true\nspecs = \"node\"\n");
     }
     t.push('\n');
-    t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
+    let server_table = |table| ConfigWriteError::ServerTable { server: s.name.clone(), table };
+    t.push_str(&mclock_table(&s.sched).map_err(server_table)?);
     t.push('\n');
-    t.push_str(&device_table(&s.device, sc.seed(), s.stream as u64).map_err(|e| format!("server {}: {e}", s.name))?);
+    t.push_str(&device_table(&s.device, sc.seed(), s.stream as u64).map_err(server_table)?);
     // Placement skew: a PARDA host's service_scale multiplies its VMs' service times at the array.
     let skew: Vec<String> = users
         .iter()
@@ -1117,17 +1144,13 @@ fn node_config(
     }
     let mut exports = 0;
     for &(tenant, k) in users {
-        let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant).map_err(|e| e.to_string())?.1 };
+        let widths = if tenant.servers.len() == 1 { vec![1] } else { stripe(tenant)?.1 };
         if widths[k] == 0 {
             // A zero share: the tenant's volume has no stripe here.
             continue;
         }
         exports += 1;
-        let size = if tenant.servers.len() == 1 {
-            export_mb(tenant)
-        } else {
-            piece_mb(tenant, widths[k]).map_err(|e| e.to_string())?
-        };
+        let size = if tenant.servers.len() == 1 { export_mb(tenant) } else { piece_mb(tenant, widths[k])? };
         // No readahead: the device model sets the timing, and the kernel's readahead of a sparse file
         // zero-fills pages in the dispatcher's thread (`FileMode::readahead`: a 1,000 IOPS limit
         // delivered 947 with it on this VM's 8 MiB window).
@@ -1139,7 +1162,7 @@ fn node_config(
         );
         t.push_str(&tenant_entry(&tenant.name, &tenant.server_specs[k]));
     }
-    end_exports(&mut t, &s.name, exports).map_err(|e| e.to_string())?;
+    end_exports(&mut t, &s.name, exports)?;
     Ok(t)
 }
 
@@ -1186,8 +1209,8 @@ fn gateway_config(
     nodes: &[NodePlan],
     nbd: SocketAddr,
     admin: SocketAddr,
-) -> Result<String, String> {
-    let (unit_kb, widths) = stripe(t).map_err(|e| e.to_string())?;
+) -> Result<String, StripeError> {
+    let (unit_kb, widths) = stripe(t)?;
     let mut g = format!(
         "# rein cluster: tenant {} of scenario {}\nlisten = {}\nadmin = {}\nshutdown_timeout_s = 2\n",
         t.name,
@@ -1400,6 +1423,55 @@ mod tests {
         let e = end_exports(&mut String::new(), "s1", max + 1).unwrap_err();
         assert_eq!(e, ExportsError { server: "s1".into(), exports: max + 1, max });
         assert!(end_exports(&mut String::new(), "s1", max).is_ok(), "at the bound");
+    }
+
+    /// The config builders' refusals name the server or the table once (the plan adds the scenario, as for
+    /// every refusal it makes: `PlanError::Invalid`): a node's `[mclock]` and `[device_model]`
+    /// (node_config, with the server), a PARDA host's `[parda]` (host_config, the scenario's table, no
+    /// server), a gateway's stripe (gateway_config, with the tenant). A validated scenario reaches none
+    /// of them (its tables are those a file can write; the builders read them back as invariant checks)
+    /// and cannot be changed into one that does, so each builder is given a changed copy of a server, of
+    /// the `[parda]` table or of a tenant.
+    #[test]
+    fn a_config_builders_refusal_names_the_server_or_table_once() {
+        let per_byte = CostModel::PerByte { unit_bytes: 4096 };
+        let no_form = "cost model PerByte { unit_bytes: 4096 } has no rein.toml form";
+        let base = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let sc = Scenario::from_toml(RICH, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        let (nbd, admin) = (plan.nodes[0].nbd, plan.nodes[0].admin);
+        let mut s1 = sc.servers()[1].clone();
+        s1.sched.cost_model = per_byte;
+        let e = node_config(&sc, &s1, nbd, admin, "node-s1", &[], false).unwrap_err();
+        assert_eq!(e.to_string(), format!("server {}: {no_form}", s1.name));
+        assert!(
+            matches!(&e, ConfigWriteError::ServerTable { server, table: TableError::CostModel(m) } if *server == s1.name && *m == per_byte),
+            "{e:?}"
+        );
+        let mut s0 = sc.servers()[0].clone();
+        s0.device.capacity_iops = -1.0;
+        let e = node_config(&sc, &s0, nbd, admin, "node-s0", &[], false).unwrap_err().to_string();
+        let head = format!("server {}: [device_model] as written: ", s0.name);
+        assert!(e.starts_with(&head) && e.contains("capacity_iops"), "{e}");
+        assert_eq!((e.matches("as written").count(), e.matches("server ").count()), (1, 1), "{e}");
+        let sc = Scenario::load(&base.join("parda-table3.toml")).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        let mut parda = sc.parda().unwrap().clone();
+        parda.config.alpha = -1.0;
+        let at = SocketAddr::from(([127, 0, 0, 215], 1));
+        let e = host_config(&sc, &parda, 0, &plan.nodes[0], at, at, at, &[]).unwrap_err().to_string();
+        assert!(e.starts_with("[parda] as written: ") && e.contains("alpha"), "{e}");
+        assert_eq!((e.matches("as written").count(), e.matches("server ").count()), (1, 0), "{e}");
+        assert_eq!(ConfigWriteError::Table(TableError::CostModel(per_byte)).to_string(), no_form, "no server named");
+        // A gateway's stripe.
+        let sc = Scenario::from_toml(STRIPED, None).unwrap();
+        let plan = Plan::new(&sc, fixed_ports).unwrap();
+        let mut t = sc.tenants().last().unwrap().clone();
+        t.routing = Routing::Stripe { stripe_bytes: 1536 };
+        let (nbd, admin) = (plan.gateways[0].nbd, plan.gateways[0].admin);
+        let e = gateway_config(&sc, &t, &plan.nodes, nbd, admin).unwrap_err();
+        assert_eq!(e.to_string(), format!("tenant {}: stripe_kb must be whole KiB for a gateway", t.name));
+        assert_eq!(e, StripeError::NotWholeKib { tenant: t.name.clone() });
     }
 
     const RICH: &str = r#"

@@ -26,7 +26,10 @@
 //! loopback (tens of microseconds); the controller still uses the delay where its rules assume one (limits
 //! kept for tokens in flight, when an early round may start).
 
-use super::{budget_lines, device_table, export_mb, f, mclock_table, q, tenant_entry, NodePlan, PlanError};
+use super::{
+    budget_lines, device_table, export_mb, f, mclock_table, q, tenant_entry, ExportsError, NodePlan, PlanError,
+    TableError,
+};
 use rein_core::Nanos;
 use rein_sim::model::pshift::{BucketLoad, BucketPlan, PshiftSection};
 use rein_sim::Scenario;
@@ -72,13 +75,96 @@ pub fn arrivals(ps: &PshiftSection, b: &BucketPlan) -> Option<rein_runtime::load
     }
 }
 
+/// Why the controller's ctl.toml cannot be written ([`controller_config`]): it does not read back as the
+/// simulator's controller (invariant 1); the message names the server or bucket once, the plan the
+/// scenario.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerWriteError {
+    /// `rein pshift controller`'s parser refuses the ctl.toml as written.
+    #[error("the controller's configuration as written: {0}")]
+    Parse(Box<rein_runtime::pshift_controller::ControllerConfigError>),
+    /// The controller's settings read back as others.
+    #[error("the controller's configuration reads back as {back:?}, not {want:?}")]
+    Back {
+        /// As read back.
+        back: Box<rein_core::pshift::ControllerConfig>,
+        /// The simulator's.
+        want: Box<rein_core::pshift::ControllerConfig>,
+    },
+    /// A server reads back under another name or capacity.
+    #[error("server {server} reads back as {name:?} at {capacity_iops} IOPS")]
+    Server {
+        /// The scenario's server.
+        server: String,
+        /// Its name as read back.
+        name: String,
+        /// Its capacity as read back.
+        capacity_iops: f64,
+    },
+    /// A bucket reads back under another name or QoS.
+    #[error("bucket {bucket} reads back as {name:?} {back:?}, not {want:?}")]
+    Bucket {
+        /// The scenario's bucket.
+        bucket: String,
+        /// Its name as read back.
+        name: String,
+        /// Its QoS as read back.
+        back: rein_core::pshift::BucketQos,
+        /// The simulator's.
+        want: rein_core::pshift::BucketQos,
+    },
+}
+
+/// Why a pShift node's rein.toml cannot be written ([`node_config`]); the message names the server or
+/// bucket once, the plan the scenario.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NodeWriteError {
+    /// The server's `[mclock]` or `[device_model]` table.
+    #[error("server {server}: {table}")]
+    Table {
+        /// The server.
+        server: String,
+        /// Why its table cannot be written.
+        table: TableError,
+    },
+    /// A bucket's node-local QoS (its weight alone) is refused.
+    #[error("bucket {bucket}: {source}")]
+    Bucket {
+        /// The bucket.
+        bucket: String,
+        /// Why.
+        source: rein_core::SpecError,
+    },
+    /// More buckets on the node than it takes exports (it names the server).
+    #[error(transparent)]
+    Exports(#[from] ExportsError),
+    /// `rein serve`'s parser refuses the rein.toml as written.
+    #[error("server {server}: its rein.toml as written: {source}")]
+    Parse {
+        /// The server.
+        server: String,
+        /// The parser's error.
+        source: Box<rein_runtime::config::ConfigError>,
+    },
+    /// The token scheduler reads back as another (invariant 1).
+    #[error("server {server}: the token scheduler reads back as {back:?}, not {want:?}")]
+    TokenBack {
+        /// The server.
+        server: String,
+        /// As read back.
+        back: rein_runtime::dispatch::TokenVariant,
+        /// The scenario's.
+        want: rein_runtime::dispatch::TokenVariant,
+    },
+}
+
 /// The controller's ctl.toml, checked to read back as the simulator's controller (invariant 1).
 pub fn controller_config(
     sc: &Scenario,
     ps: &PshiftSection,
     listen: SocketAddr,
     admin: SocketAddr,
-) -> Result<String, String> {
+) -> Result<String, ControllerWriteError> {
     let period_s = ps.period.as_secs_f64();
     let mut t = format!(
         "# rein cluster: the pShift controller of scenario {}\nlisten = {}\nadmin = {}\nhold = true\n\
@@ -108,20 +194,24 @@ pub fn controller_config(
         }
     }
     let back = rein_runtime::pshift_controller::ControllerSettings::parse(&t, std::path::Path::new("ctl.toml"))
-        .map_err(|e| format!("the controller's configuration as written: {e}"))?;
+        .map_err(|e| ControllerWriteError::Parse(Box::new(e)))?;
     let want = ps.controller_config();
     if back.config != want {
-        return Err(format!("the controller's configuration reads back as {:?}, not {want:?}", back.config));
+        return Err(ControllerWriteError::Back { back: Box::new(back.config), want: Box::new(want) });
     }
     for (s, (name, cap)) in sc.servers().iter().zip(&back.servers) {
         if *name != s.name || *cap != s.device.capacity_iops {
-            return Err(format!("server {} reads back as {name:?} at {cap} IOPS", s.name));
+            return Err(ControllerWriteError::Server {
+                server: s.name.clone(),
+                name: name.clone(),
+                capacity_iops: *cap,
+            });
         }
     }
     for (b, (name, qos)) in sc.tenants().iter().zip(&back.buckets) {
         let want = ps.bucket_qos(b);
         if *name != b.name || *qos != want {
-            return Err(format!("bucket {} reads back as {name:?} {qos:?}, not {want:?}", b.name));
+            return Err(ControllerWriteError::Bucket { bucket: b.name.clone(), name: name.clone(), back: *qos, want });
         }
     }
     Ok(t)
@@ -137,7 +227,7 @@ pub(super) fn node_config(
     nbd: SocketAddr,
     admin: SocketAddr,
     controller: Option<SocketAddr>,
-) -> Result<String, String> {
+) -> Result<String, NodeWriteError> {
     let s = &sc.servers()[i];
     let users: Vec<&rein_sim::model::Tenant> =
         sc.tenants().iter().zip(&ps.buckets).filter(|(_, p)| bucket_servers(p).contains(&i)).map(|(t, _)| t).collect();
@@ -153,9 +243,10 @@ pub(super) fn node_config(
         budget_lines(&users, sc.duration()),
     );
     t.push('\n');
-    t.push_str(&mclock_table(&s.sched).map_err(|e| format!("server {}: {e}", s.name))?);
+    let table = |table| NodeWriteError::Table { server: s.name.clone(), table };
+    t.push_str(&mclock_table(&s.sched).map_err(table)?);
     t.push('\n');
-    t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(|e| format!("server {}: {e}", s.name))?);
+    t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(table)?);
     let mut exports = 0;
     for (b, plan) in sc.tenants().iter().zip(&ps.buckets) {
         if !bucket_servers(plan).contains(&i) {
@@ -173,20 +264,20 @@ pub(super) fn node_config(
         // token scheduler uses only the weight, and its admission control would count the reservation
         // once per node.
         let local = rein_core::QosSpec::new(0.0, None, b.spec.weight(), b.spec.idle_credit())
-            .map_err(|e| format!("bucket {}: {e}", b.name))?;
+            .map_err(|source| NodeWriteError::Bucket { bucket: b.name.clone(), source })?;
         t.push_str(&tenant_entry(&b.name, &local));
     }
-    super::end_exports(&mut t, &s.name, exports).map_err(|e| e.to_string())?;
+    super::end_exports(&mut t, &s.name, exports)?;
     let _ =
         write!(t, "\n[pshift]\nweighted = {}\n{}", ps.weighted, rein_model::pshift_settings::r_order_keys(ps.r_order));
     if let Some(c) = controller {
         let _ = write!(t, "controller = {}\nname = {}\n", q(&c.to_string()), q(&s.name));
     }
     let back = rein_runtime::config::ServerConfig::parse(&t, std::path::Path::new("rein.toml"))
-        .map_err(|e| format!("server {}: its rein.toml as written: {e}", s.name))?;
+        .map_err(|e| NodeWriteError::Parse { server: s.name.clone(), source: Box::new(e) })?;
     let want = rein_runtime::dispatch::TokenVariant { weighted: ps.weighted, r_order: ps.r_order };
     if back.token != want {
-        return Err(format!("server {}: the token scheduler reads back as {:?}, not {want:?}", s.name, back.token));
+        return Err(NodeWriteError::TokenBack { server: s.name.clone(), back: back.token, want });
     }
     Ok(t)
 }
@@ -201,7 +292,7 @@ pub(super) fn processes(
     let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
     let controller = if ps.controller {
         let (listen, admin) = addrs(sc.servers().len())?;
-        let config = controller_config(sc, ps, listen, admin).map_err(invalid)?;
+        let config = controller_config(sc, ps, listen, admin).map_err(|e| invalid(e.to_string()))?;
         Some(ControllerPlan { listen, admin, config })
     } else {
         None
@@ -209,7 +300,8 @@ pub(super) fn processes(
     let mut nodes = Vec::with_capacity(sc.servers().len());
     for (i, s) in sc.servers().iter().enumerate() {
         let (nbd, admin) = addrs(i)?;
-        let config = node_config(sc, ps, i, nbd, admin, controller.as_ref().map(|c| c.listen)).map_err(invalid)?;
+        let config = node_config(sc, ps, i, nbd, admin, controller.as_ref().map(|c| c.listen))
+            .map_err(|e| invalid(e.to_string()))?;
         nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config });
     }
     // The controller is at the address after the last node's.
@@ -244,6 +336,24 @@ mod tests {
         let mut f = rein_sim::file::ScenarioFile::read(&path(name)).unwrap();
         edit(f.pshift.as_mut().expect("a [pshift] scenario"));
         f.validate_at(&path(name)).unwrap()
+    }
+
+    /// A node's refusals are typed, naming the server or bucket once; they and the read-backs are
+    /// invariant 1's checks (no scenario reaches them), their texts checked on the values.
+    #[test]
+    fn refusals_are_typed_naming_the_server_or_bucket_once() {
+        use super::super::TableError;
+        use super::{ControllerWriteError, NodeWriteError};
+        let per_byte = rein_core::CostModel::PerByte { unit_bytes: 4096 };
+        // A validated scenario's tables are those a file can write (and cannot be changed into others),
+        // so the table's refusal is checked on the value.
+        let e = NodeWriteError::Table { server: "s3".into(), table: TableError::CostModel(per_byte) };
+        assert_eq!(e.to_string(), "server s3: cost model PerByte { unit_bytes: 4096 } has no rein.toml form");
+        let source = rein_core::QosSpec::new(0.0, None, -1.0, 0).unwrap_err();
+        let e = NodeWriteError::Bucket { bucket: "b1".into(), source: source.clone() };
+        assert_eq!(e.to_string(), format!("bucket b1: {source}"));
+        let e = ControllerWriteError::Server { server: "s1".into(), name: "s2".into(), capacity_iops: 100.0 };
+        assert_eq!(e.to_string(), "server s1 reads back as \"s2\" at 100 IOPS");
     }
 
     /// Experiment 4 (generated buckets with demand changes): a controller after the nodes, whose ctl.toml
