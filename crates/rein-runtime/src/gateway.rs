@@ -1290,10 +1290,19 @@ pub enum GatewayError {
     /// descriptor and why.
     #[error("socket activation: {0}")]
     Activation(crate::activation::ActivationError),
-    /// The PARDA host could not start (its UDP socket or board file), or a volume's tenant is not one of
-    /// its VMs.
+    /// The PARDA host could not start (its UDP socket or board file); the error names the part.
     #[error("{0}")]
-    Parda(String),
+    HostStart(crate::parda_host::StartError),
+    /// A volume's tenant, added by a reload, cannot join the PARDA host as a VM.
+    #[error("export {export}: tenant {tenant}: {source}")]
+    HostVm {
+        /// The volume's export.
+        export: String,
+        /// Its tenant.
+        tenant: String,
+        /// Why the host refuses it.
+        source: crate::parda_host::GateError,
+    },
     /// `layout_file` cannot be written, or a volume's layout differs from the one recorded there
     /// ([`layouts`]); the message names the file or the volumes.
     #[error("{0}")]
@@ -1479,10 +1488,11 @@ impl Live {
                     Some(lease) => lease.clone(),
                     // A tenant a reload added joins the host with its first volume.
                     None => {
-                        let vm = gate
-                            .add_vm(t.spec)
-                            .await
-                            .map_err(|e| GatewayError::Parda(format!("export {}: tenant {}: {e}", v.name, t.name)))?;
+                        let vm = gate.add_vm(t.spec).await.map_err(|source| GatewayError::HostVm {
+                            export: v.name.clone(),
+                            tenant: t.name.clone(),
+                            source,
+                        })?;
                         let lease = Arc::new(VmLease { gate: gate.clone(), vm });
                         vms.insert(t.name.clone(), lease.clone());
                         lease
@@ -2392,7 +2402,7 @@ pub async fn run_with(
     live.tenants = cfg.tenants.clone();
     if let Some(settings) = &cfg.parda {
         let specs: Vec<QosSpec> = cfg.tenants.iter().map(|t| t.spec).collect();
-        let (gate, ids) = HostGate::start(settings, &specs).await.map_err(GatewayError::Parda)?;
+        let (gate, ids) = HostGate::start(settings, &specs).await.map_err(GatewayError::HostStart)?;
         let vms = (cfg.tenants.iter().zip(ids))
             .map(|(t, vm)| (t.name.clone(), Arc::new(VmLease { gate: gate.clone(), vm })))
             .collect();
@@ -2733,7 +2743,7 @@ fn host_put<T: serde::de::DeserializeOwned>(
 }
 
 /// The answer to a PARDA host's `PUT`: `ok` as JSON, or the gate's refusal (409).
-fn host_put_answer(r: Result<(), String>, ok: serde_json::Value) -> axum::response::Response {
+fn host_put_answer(r: Result<(), crate::parda_host::GateError>, ok: serde_json::Value) -> axum::response::Response {
     use axum::response::IntoResponse;
     match r {
         Ok(()) => axum::Json(ok).into_response(),

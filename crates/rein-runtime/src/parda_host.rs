@@ -541,17 +541,73 @@ enum Msg {
     /// "Stalls").
     Answered { vm: TenantId, latency: Nanos, size: u64, ok: bool, crossed: bool },
     /// An administrator resizes an uncontrolled host's fixed issue queue.
-    SetWindow(f64, tokio::sync::oneshot::Sender<Result<(), String>>),
+    SetWindow(f64, tokio::sync::oneshot::Sender<Result<(), GateError>>),
     /// The current period ends this long from now (`PUT /api/parda/period`).
-    SetPeriodEnd(std::time::Duration, tokio::sync::oneshot::Sender<Result<(), String>>),
+    SetPeriodEnd(std::time::Duration, tokio::sync::oneshot::Sender<Result<(), GateError>>),
     /// A VM joins the host (a tenant added by a reload).
-    AddVm(QosSpec, tokio::sync::oneshot::Sender<Result<TenantId, String>>),
+    AddVm(QosSpec, tokio::sync::oneshot::Sender<Result<TenantId, GateError>>),
     /// A VM's spec changes (a reload).
-    SetVmSpec(TenantId, QosSpec, tokio::sync::oneshot::Sender<Result<(), String>>),
+    SetVmSpec(TenantId, QosSpec, tokio::sync::oneshot::Sender<Result<(), GateError>>),
     /// A VM leaves the host (its tenant was removed and its last volume closed: [`VmLease`]).
     RemoveVm(TenantId),
     /// The local scheduler's settings change (a reload of the gateway's `[mclock]`).
     SetSched(SchedConfig),
+}
+
+/// Why a PARDA host's gate cannot start ([`HostGate::start`]); the message names the part that failed
+/// (its controller, a VM, the UDP socket, the board, the aggregator, the stall watch) once.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The controller refuses the host's settings.
+    #[error("parda_host: {0}")]
+    Controller(rein_core::parda::PardaError),
+    /// The controller refuses one of the VMs.
+    #[error("parda_host: {0}")]
+    Vm(rein_core::parda::PardaError),
+    /// The reports' UDP socket cannot be bound.
+    #[error("parda_host: udp {listen}: {source}")]
+    Udp {
+        /// The socket's address (`[parda_host] udp`).
+        listen: SocketAddr,
+        /// Why not.
+        source: crate::aggregate::AggregationError,
+    },
+    /// The shared board cannot be opened.
+    #[error("parda_host: board {}: {source}", path.display())]
+    Board {
+        /// The board's file (`[parda_host] board`).
+        path: PathBuf,
+        /// Why not.
+        source: crate::aggregate::AggregationError,
+    },
+    /// The aggregator refuses the reports' timeout.
+    #[error("parda: {0}")]
+    Aggregator(rein_core::parda::PardaError),
+    /// The process's stall watch cannot start (`crate::stall`).
+    #[error("parda_host: {0}")]
+    StallWatch(String),
+}
+
+/// Why the gate refuses a change ([`HostGate::set_fixed_window`], [`HostGate::set_period_end_in`],
+/// [`HostGate::add_vm`], [`HostGate::set_vm_spec`]); the admin API answers it with 409, a reload names
+/// the tenant.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GateError {
+    /// The gate's task has ended.
+    #[error("the PARDA host has stopped")]
+    Stopped,
+    /// A window set on a host that runs PARDA (its window follows eq. (2)).
+    #[error(
+        "this is a PARDA host: its window follows eq. (2) (only an uncontrolled host's fixed issue queue can be \
+         set)"
+    )]
+    NotFixed,
+    /// A fixed window the controller refuses (out of range).
+    #[error("{0}")]
+    Window(rein_core::parda::PardaError),
+    /// A period end, a VM or a VM's spec the controller refuses.
+    #[error("parda host: {0}")]
+    Refused(rein_core::parda::PardaError),
 }
 
 /// The gate every request of a PARDA host passes; see the module comment.
@@ -565,7 +621,7 @@ impl HostGate {
     /// Starts the host: the controller with `vms` (the tenants' specs, in order; their ids come back in
     /// the same order), the transport (binds the UDP socket or opens the board), and the gate's task on
     /// the current runtime. The task ends when the gate and every [`HostedVolume`] holding it are gone.
-    pub async fn start(settings: &HostSettings, vms: &[QosSpec]) -> Result<(Arc<HostGate>, Vec<TenantId>), String> {
+    pub async fn start(settings: &HostSettings, vms: &[QosSpec]) -> Result<(Arc<HostGate>, Vec<TenantId>), StartError> {
         // A restarted host takes a new incarnation, so its peers accept its reports from sequence 1 again.
         let epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -573,28 +629,28 @@ impl HostGate {
             .max(1);
         let clock = Clock::new();
         let mut ctl = HostController::new(settings.parda.config, settings.host_config(epoch), clock.now())
-            .map_err(|e| format!("parda_host: {e}"))?;
+            .map_err(StartError::Controller)?;
         let mut ids = Vec::with_capacity(vms.len());
         for spec in vms {
-            ids.push(ctl.add_vm(*spec).map_err(|e| format!("parda_host: {e}"))?);
+            ids.push(ctl.add_vm(*spec).map_err(StartError::Vm)?);
         }
         let transport = match &settings.transport {
             ReportTransport::None => None,
             ReportTransport::Udp { listen, peers } => Some(Transport::Udp(
                 UdpAggregation::bind(settings.id, *listen, peers)
                     .await
-                    .map_err(|e| format!("parda_host: udp {listen}: {e}"))?
+                    .map_err(|source| StartError::Udp { listen: *listen, source })?
                     .with_key(settings.key.clone()),
             )),
             ReportTransport::Board { path, slots } => Some(Transport::File(
                 FileAggregation::open(path, *slots)
-                    .map_err(|e| format!("parda_host: board {}: {e}", path.display()))?
+                    .map_err(|source| StartError::Board { path: path.clone(), source })?
                     .with_key(settings.key.clone())
                     .with_deadline(board_deadline(settings.parda.config.period)),
             )),
         };
-        let agg = Aggregator::new(settings.parda.timeout).map_err(|e| format!("parda: {e}"))?;
-        let watch = crate::stall::process().map_err(|e| format!("parda_host: {e}"))?;
+        let agg = Aggregator::new(settings.parda.timeout).map_err(StartError::Aggregator)?;
+        let watch = crate::stall::process().map_err(StartError::StallWatch)?;
         let aggregation = match (settings.runs, settings.parda.aggregation) {
             (false, _) => "fixed",
             (true, a) => a.name(),
@@ -677,36 +733,36 @@ impl HostGate {
     /// hosts' queues by hand; `PUT /api/parda/window`). IOs already issued stay outstanding; a smaller
     /// window issues nothing until enough complete. Errors: a PARDA host (its window follows eq. (2)), a
     /// window outside [1, 65536], or a gate that has stopped.
-    pub async fn set_fixed_window(&self, window: f64) -> Result<(), String> {
+    pub async fn set_fixed_window(&self, window: f64) -> Result<(), GateError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::SetWindow(window, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
-        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+        self.tx.send(Msg::SetWindow(window, tx)).map_err(|_| GateError::Stopped)?;
+        rx.await.map_err(|_| GateError::Stopped)?
     }
 
     /// The current control period ends `ends_in` from now, and the next ones a period apart from there
     /// (`PUT /api/parda/period`): hosts started at different moments line their periods up where a run
     /// wants them (`rein cluster` puts them where the simulator's hosts tick). The IOs of the period so
     /// far stay in it. Errors: more than two periods ahead, or a gate that has stopped.
-    pub async fn set_period_end_in(&self, ends_in: std::time::Duration) -> Result<(), String> {
+    pub async fn set_period_end_in(&self, ends_in: std::time::Duration) -> Result<(), GateError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::SetPeriodEnd(ends_in, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
-        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+        self.tx.send(Msg::SetPeriodEnd(ends_in, tx)).map_err(|_| GateError::Stopped)?;
+        rx.await.map_err(|_| GateError::Stopped)?
     }
 
     /// A VM joins the host with `spec` (its weight is its share); returns its id. Errors: the host's VM
     /// bound, a spec the local scheduler refuses, or a gate that has stopped.
-    pub async fn add_vm(&self, spec: QosSpec) -> Result<TenantId, String> {
+    pub async fn add_vm(&self, spec: QosSpec) -> Result<TenantId, GateError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::AddVm(spec, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
-        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+        self.tx.send(Msg::AddVm(spec, tx)).map_err(|_| GateError::Stopped)?;
+        rx.await.map_err(|_| GateError::Stopped)?
     }
 
     /// VM `vm`'s spec becomes `spec`: the local scheduler uses it at once, beta (its share) from the next
     /// period. Errors: an unknown VM, a spec the local scheduler refuses, or a gate that has stopped.
-    pub async fn set_vm_spec(&self, vm: TenantId, spec: QosSpec) -> Result<(), String> {
+    pub async fn set_vm_spec(&self, vm: TenantId, spec: QosSpec) -> Result<(), GateError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::SetVmSpec(vm, spec, tx)).map_err(|_| "the PARDA host has stopped".to_string())?;
-        rx.await.map_err(|_| "the PARDA host has stopped".to_string())?
+        self.tx.send(Msg::SetVmSpec(vm, spec, tx)).map_err(|_| GateError::Stopped)?;
+        rx.await.map_err(|_| GateError::Stopped)?
     }
 
     /// The local scheduler takes `settings`' scheduler settings (the gateway's `[mclock]` with `[parda]`'s
@@ -897,12 +953,8 @@ impl Task {
             }
             Msg::SetWindow(window, reply) => {
                 let r = self.ctl.set_fixed_window(now, window).map_err(|e| match e {
-                    rein_core::parda::PardaError::NotFixed => {
-                        "this is a PARDA host: its window follows eq. (2) (only an uncontrolled host's fixed issue queue \
-                         can be set)"
-                            .to_string()
-                    }
-                    e => e.to_string(),
+                    rein_core::parda::PardaError::NotFixed => GateError::NotFixed,
+                    e => GateError::Window(e),
                 });
                 if r.is_ok() {
                     tracing::info!(window, "PARDA host: fixed issue queue resized");
@@ -911,18 +963,18 @@ impl Task {
             }
             Msg::SetPeriodEnd(ends_in, reply) => {
                 let end = now.saturating_add(Nanos::from_duration(ends_in));
-                let r = self.ctl.set_period_end(now, end).map_err(|e| format!("parda host: {e}"));
+                let r = self.ctl.set_period_end(now, end).map_err(GateError::Refused);
                 if r.is_ok() {
                     tracing::info!(ends_in_s = ends_in.as_secs_f64(), "PARDA host: control period moved");
                 }
                 let _ = reply.send(r);
             }
             Msg::AddVm(spec, reply) => {
-                let r = self.ctl.add_vm(spec).map_err(|e| format!("parda host: {e}"));
+                let r = self.ctl.add_vm(spec).map_err(GateError::Refused);
                 let _ = reply.send(r);
             }
             Msg::SetVmSpec(vm, spec, reply) => {
-                let r = self.ctl.set_vm_spec(vm, spec).map_err(|e| format!("parda host: {e}"));
+                let r = self.ctl.set_vm_spec(vm, spec).map_err(GateError::Refused);
                 let _ = reply.send(r);
             }
             Msg::SetSched(config) => self.ctl.set_sched_config(config),
@@ -1357,6 +1409,80 @@ mod tests {
         let e = refuse(&format!("{cluster}udp = \"nowhere\""));
         assert!(matches!(&e, PardaHostError::Udp { text } if text == "nowhere"), "{e:?}");
         assert!(matches!(refuse(cluster), PardaHostError::NoTransport));
+    }
+
+    use rein_core::parda::PardaError;
+
+    /// A host's settings from its `[parda]` and `[parda_host]` tables.
+    fn settings(text: &str) -> HostSettings {
+        #[derive(Deserialize)]
+        struct Tables {
+            parda: PardaFile,
+            parda_host: Option<PardaHostFile>,
+        }
+        let t: Tables = toml::from_str(text).unwrap();
+        validate(&t.parda, t.parda_host.as_ref(), SchedConfig::default(), Path::new("")).unwrap()
+    }
+
+    /// The gate's refusals, exactly as the admin API (409) and the gateway's errors show them: a PARDA
+    /// host's window, a fixed window out of range, a period end too far ahead, an unknown VM's spec; and
+    /// the start's refusals of its UDP socket (in use) and its board (in a missing directory).
+    #[tokio::test]
+    async fn the_gates_refusals_read_as_before() {
+        let local = "[parda]\nlatency_threshold_ms = 10\nperiod_s = 1\naggregation = \"local\"\n[parda_host]\n";
+        let spec = QosSpec::weighted(1.0).unwrap();
+        let (gate, ids) = HostGate::start(&settings(local), &[spec]).await.unwrap();
+        let e = gate.set_fixed_window(16.0).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "this is a PARDA host: its window follows eq. (2) (only an uncontrolled host's fixed issue queue can be set)"
+        );
+        let e = gate.set_period_end_in(std::time::Duration::from_secs(3600)).await.unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "parda host: the control period's end must be from now to two periods ahead (2 s), got 3600 s from now"
+        );
+        gate.set_period_end_in(std::time::Duration::from_millis(500)).await.unwrap();
+        gate.set_vm_spec(ids[0], QosSpec::weighted(2.0).unwrap()).await.unwrap();
+        let (fixed, two) =
+            HostGate::start(&settings(&format!("{local}controlled = false\n")), &[spec, spec]).await.unwrap();
+        let e = fixed.set_fixed_window(0.0).await.unwrap_err().to_string();
+        assert_eq!(e, "fixed window must be in [1, 65536], got 0");
+        fixed.set_fixed_window(16.0).await.unwrap();
+        let e = gate.set_vm_spec(two[1], spec).await.unwrap_err().to_string();
+        assert_eq!(e, format!("parda host: scheduler: unknown tenant {} (never added, removed, or aged out)", two[1]));
+        // Typed: what the controller refuses, under the call that asked.
+        assert_eq!(gate.set_fixed_window(16.0).await, Err(GateError::NotFixed));
+        assert!(matches!(fixed.set_fixed_window(0.0).await, Err(GateError::Window(PardaError::FixedWindow { .. }))));
+        let e = gate.set_period_end_in(std::time::Duration::from_secs(3600)).await;
+        assert!(matches!(e, Err(GateError::Refused(PardaError::PeriodEnd { max_ns: 2_000_000_000, .. }))), "{e:?}");
+        let e = gate.set_vm_spec(two[1], spec).await;
+        assert!(matches!(e, Err(GateError::Refused(PardaError::Sched(_)))), "{e:?}");
+        // (The VM added takes slot 1, which `two[1]` names in the other host: after the refusals above.)
+        assert_eq!(gate.add_vm(spec).await.unwrap().index(), 1);
+        // The start: a UDP socket in use, a board in a missing directory.
+        let taken = std::net::UdpSocket::bind("127.0.0.215:0").unwrap();
+        let at = taken.local_addr().unwrap();
+        let cluster = "[parda]\nlatency_threshold_ms = 10\naggregation = \"cluster\"\n[parda_host]\n";
+        let udp = format!("{cluster}udp = \"{at}\"\npeers = [{{ id = 1, address = \"127.0.0.216:9\" }}]\n");
+        let e = HostGate::start(&settings(&udp), &[spec]).await.err().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!("parda_host: udp {at}: bind on the aggregation file failed: Address already in use (os error 98)")
+        );
+        let e = HostGate::start(&settings(&udp), &[spec]).await.err().unwrap();
+        assert!(matches!(&e, StartError::Udp { listen, .. } if *listen == at), "{e:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let board = dir.path().join("missing").join("board");
+        let text = format!("{cluster}board = \"{}\"\n", board.display());
+        let e = HostGate::start(&settings(&text), &[spec]).await.err().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "parda_host: board {}: open on the aggregation file failed: No such file or directory (os error 2)",
+                board.display()
+            )
+        );
     }
 
     /// [`minutely`]: the first event logged at once, then nothing within the minute, then a line with the
