@@ -420,9 +420,9 @@ enum Cmd {
     ServiceScale(TenantId, f64),
     Abort(oneshot::Sender<usize>),
     /// pShift: a controller welcomed this server ([`Dispatcher::pshift_attach`]).
-    PshiftAttach(PshiftAttach, oneshot::Sender<Result<(), String>>),
+    PshiftAttach(PshiftAttach, oneshot::Sender<Result<(), PshiftError>>),
     /// pShift: the report for `(round, early)`.
-    PshiftReport(u64, u32, oneshot::Sender<Result<ServerReport, String>>),
+    PshiftReport(u64, u32, oneshot::Sender<Result<ServerReport, PshiftError>>),
     /// pShift: the controller's tokens.
     PshiftTokens(TokenMessage),
     /// pShift: the controller is gone.
@@ -441,6 +441,27 @@ fn at_device(counters: &[TenantCounters], ts: &TokenScheduler, id: TenantId) -> 
     let received = counters.get(id.index()).map_or(0, |c| c.in_flight);
     let queued = ts.stats(id).map_or(0, |st| st.queued as u64);
     received.saturating_sub(queued)
+}
+
+/// Why the dispatcher refuses a pShift call ([`Dispatcher::pshift_attach`],
+/// [`Dispatcher::pshift_report`]); the link says which call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PshiftError {
+    /// The dispatcher has stopped.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// A welcome to a server whose scheduler is not pShift's token scheduler.
+    #[error("pShift needs scheduler = \"token\" (this server runs {running})")]
+    NotToken {
+        /// The scheduler it runs (its name in configs).
+        running: &'static str,
+    },
+    /// The process's stall watch cannot start (`crate::stall`).
+    #[error("{0}")]
+    StallWatch(String),
+    /// A report asked of a server no controller has welcomed.
+    #[error("no pShift controller has welcomed this server")]
+    NotWelcomed,
 }
 
 /// What a pShift server learns from the controller's welcome ([`Dispatcher::pshift_attach`]).
@@ -848,20 +869,17 @@ impl Dispatcher {
     /// the controller's buckets: reports count them, tokens apply to them, and an arrival the latest
     /// tokens did not plan for is noted on `a.strays_to`. Errors: the scheduler is not pShift's token
     /// scheduler (`scheduler = "token"`), or the dispatcher has stopped.
-    pub async fn pshift_attach(&self, a: PshiftAttach) -> Result<(), String> {
+    pub async fn pshift_attach(&self, a: PshiftAttach) -> Result<(), PshiftError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::PshiftAttach(a, tx)).await.map_err(|_| "the server is shutting down".to_string())?;
-        rx.await.map_err(|_| "the server is shutting down".to_string())?
+        self.tx.send(Cmd::PshiftAttach(a, tx)).await.map_err(|_| PshiftError::ShuttingDown)?;
+        rx.await.map_err(|_| PshiftError::ShuttingDown)?
     }
 
     /// pShift: the report for boundary `round` (`early` = 0) or its early round `early`.
-    pub async fn pshift_report(&self, round: u64, early: u32) -> Result<ServerReport, String> {
+    pub async fn pshift_report(&self, round: u64, early: u32) -> Result<ServerReport, PshiftError> {
         let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Cmd::PshiftReport(round, early, tx))
-            .await
-            .map_err(|_| "the server is shutting down".to_string())?;
-        rx.await.map_err(|_| "the server is shutting down".to_string())?
+        self.tx.send(Cmd::PshiftReport(round, early, tx)).await.map_err(|_| PshiftError::ShuttingDown)?;
+        rx.await.map_err(|_| PshiftError::ShuttingDown)?
     }
 
     /// pShift: applies the controller's tokens (lines for buckets this server does not have are ignored).
@@ -1064,7 +1082,7 @@ impl Task {
     }
 
     /// pShift: the report of `(round, early)` cut now (with the device's busy time since the last one).
-    fn pshift_report(&mut self, round: u64, early: u32) -> Result<ServerReport, String> {
+    fn pshift_report(&mut self, round: u64, early: u32) -> Result<ServerReport, PshiftError> {
         let now = self.clock.now();
         let busy = self.busy_total(now);
         match (&mut self.pshift, &mut self.sched) {
@@ -1077,7 +1095,7 @@ impl Task {
                 p.busy_mark = busy;
                 Ok(p.server.report(ts, now, round, early, None))
             }
-            _ => Err("no pShift controller has welcomed this server".to_string()),
+            _ => Err(PshiftError::NotWelcomed),
         }
     }
 
@@ -1240,12 +1258,10 @@ impl Task {
                                 });
                                 Ok(())
                             }
-                            Err(e) => Err(e),
+                            Err(e) => Err(PshiftError::StallWatch(e)),
                         }
                     }
-                    Sched::Dyn(_) => {
-                        Err(format!("pShift needs scheduler = \"token\" (this server runs {})", self.kind.name()))
-                    }
+                    Sched::Dyn(_) => Err(PshiftError::NotToken { running: self.kind.name() }),
                 };
                 let _ = reply.send(r);
             }
@@ -1760,6 +1776,38 @@ mod tests {
         fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), StorageError> {
             self.ram.write_zeroes(offset, len)
         }
+    }
+
+    /// The pShift calls' refusals, exactly as the link reports them: a scheduler that is not the token
+    /// scheduler, a report before any welcome, and a dispatcher that has stopped.
+    #[tokio::test]
+    async fn pshift_refusals_read_as_before() {
+        let attach = || {
+            let (strays_to, _) = mpsc::unbounded_channel();
+            PshiftAttach { server: 0, strays: false, buckets: vec![], limited: vec![], strays_to }
+        };
+        let config = |scheduler| DispatchConfig {
+            scheduler,
+            io_engine: IoEngine::Inline,
+            precise_timer: false,
+            ..DispatchConfig::default()
+        };
+        let (d, _join) = Dispatcher::spawn(None, config(SchedulerKind::Mclock));
+        let e = d.pshift_attach(attach()).await.unwrap_err().to_string();
+        assert_eq!(e, "pShift needs scheduler = \"token\" (this server runs mclock)");
+        let (d, join) = Dispatcher::spawn(None, config(SchedulerKind::Token));
+        let e = d.pshift_report(0, 0).await.unwrap_err().to_string();
+        assert_eq!(e, "no pShift controller has welcomed this server");
+        d.pshift_attach(attach()).await.unwrap();
+        assert_eq!(d.pshift_report(0, 0).await.unwrap().round, 0);
+        join.abort();
+        let _ = join.await;
+        assert_eq!(d.pshift_report(1, 0).await.unwrap_err().to_string(), "the server is shutting down");
+        assert_eq!(d.pshift_attach(attach()).await.unwrap_err().to_string(), "the server is shutting down");
+        assert_eq!(d.pshift_report(1, 0).await.unwrap_err(), PshiftError::ShuttingDown);
+        let (d, _join) = Dispatcher::spawn(None, config(SchedulerKind::Sfq));
+        assert_eq!(d.pshift_attach(attach()).await.unwrap_err(), PshiftError::NotToken { running: "sfq" });
+        assert_eq!(d.pshift_report(0, 0).await.unwrap_err(), PshiftError::NotWelcomed);
     }
 
     /// A pShift report's busy time leaves out a stall of the process that fell while an IO was at the

@@ -456,7 +456,7 @@ async fn session(
                             }
                             here = now_here;
                         }
-                        let r = dispatcher.pshift_report(round, early).await.map_err(welcomed)?;
+                        let r = dispatcher.pshift_report(round, early).await.map_err(|e| welcomed(e.to_string()))?;
                         write_frame_within(&mut wr, &Message::Report(r), SILENCE_TIMEOUT).await.map_err(unwritten)?;
                     }
                     Message::Tokens(m) if m.server == index => dispatcher.pshift_tokens(m).await,
