@@ -1201,7 +1201,9 @@ async fn connection(
             }
         };
         let (mut rd, wr) = tokio::io::split(stream);
-        let hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY).await.map_err(opening)?;
+        let hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY)
+            .await
+            .map_err(|e| opening(e.to_string()))?;
         Ok::<_, (Cut, String)>((rd, wr, hello, presented))
     };
     let (mut rd, mut wr, hello, presented) = tokio::time::timeout(HELLO_TIMEOUT, opened)
@@ -1275,7 +1277,7 @@ async fn connection(
             },
             f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
                 Ok(m) => m,
-                Err(e) => break Err((Cut::Welcomed, e)),
+                Err(e) => break Err((Cut::Welcomed, e.to_string())),
             },
             _ = stop.wait_for(|s| *s) => break Ok(()),
             // A server pings every PING_EVERY (100 ms): one silent this long is gone or hung, and gives
@@ -2208,7 +2210,7 @@ mod tests {
         let closed = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
                 match read_frame(&mut rd, &mut buf).await {
-                    Err(e) => return e,
+                    Err(e) => return e.to_string(),
                     Ok(_) => continue,
                 }
             }
@@ -2224,7 +2226,11 @@ mod tests {
         big.extend_from_slice(&(32u32 << 20).to_le_bytes());
         tokio::io::AsyncWriteExt::write_all(&mut wr, &big).await.unwrap();
         let mut buf = Vec::new();
-        let e = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap_err();
+        let e = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf))
+            .await
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("closed"), "{e}");
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
@@ -2365,7 +2371,7 @@ mod tests {
             match tokio::time::timeout(Duration::from_secs(20), read_frame(&mut rd, &mut buf)).await {
                 Ok(Ok(Message::Pong { .. })) => pongs += 1,
                 Ok(Ok(_)) => {} // the schedule's report requests
-                Ok(Err(e)) => break e,
+                Ok(Err(e)) => break e.to_string(),
                 Err(_) => panic!("the connection is still open after {pongs} pongs"),
             }
         };
@@ -2407,7 +2413,7 @@ mod tests {
             let end = tokio::time::timeout(Duration::from_secs(4), async {
                 loop {
                     if let Err(e) = read_frame(&mut quiet_rd, &mut quiet_buf).await {
-                        return e; // (report requests before)
+                        return e.to_string(); // (report requests before)
                     }
                 }
             });
@@ -2612,7 +2618,11 @@ mod tests {
         let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
         let _ = write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await;
         let mut buf = Vec::new();
-        let e = tokio::time::timeout(Duration::from_secs(2), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap_err();
+        let e = tokio::time::timeout(Duration::from_secs(2), read_frame(&mut rd, &mut buf))
+            .await
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("closed") || e.contains("reset"), "the third is cut at once: {e}");
         let sock = tokio::net::TcpSocket::new_v4().unwrap();
         sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
@@ -2638,7 +2648,11 @@ mod tests {
         let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
         let _ = write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await;
         let mut buf = Vec::new();
-        let e = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf)).await.unwrap().unwrap_err();
+        let e = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut rd, &mut buf))
+            .await
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("closed") || e.contains("reset"), "{e}");
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();

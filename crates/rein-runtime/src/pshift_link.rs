@@ -114,10 +114,70 @@ pub const MAX_LATE_INTERVALS: u64 = 16;
 /// serves plain round robin and reconnects, rather than keep a gone controller's tokens for ever.
 pub const SILENCE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a frame could not be read ([`read_frame`], [`read_frame_within`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadFrameError {
+    /// The header or the body is not a valid frame (the wire error names the field).
+    #[error("bad pShift frame: {0}")]
+    Bad(wire::WireError),
+    /// The header announces a body over the connection's bound.
+    #[error("a pShift frame of {body} body bytes exceeds this connection's bound of {max_body}")]
+    TooLarge {
+        /// The body's length as announced, bytes.
+        body: usize,
+        /// The connection's bound, bytes.
+        max_body: usize,
+    },
+    /// The socket failed.
+    #[error("read: {0}")]
+    Read(std::io::Error),
+    /// The peer closed the connection.
+    #[error("the peer closed the connection")]
+    Closed,
+}
+
+/// Why a frame could not be written ([`write_frame`]).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteFrameError {
+    /// The message does not encode (a field out of range; the wire error names it).
+    #[error("encoding a {message}: {source}")]
+    Encode {
+        /// The message's name.
+        message: &'static str,
+        /// Why not.
+        source: wire::WireError,
+    },
+    /// The socket failed.
+    #[error("write: {0}")]
+    Write(std::io::Error),
+}
+
+/// A pong's schedule the dispatcher is not given ([`check_schedule`]; module comment).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ScheduleError {
+    /// A boundary interval under [`MIN_INTERVAL_NS`].
+    #[error("a pong with a boundary interval of {interval_ns} ns (a controller's is at least {MIN_INTERVAL_NS} ns)")]
+    Interval {
+        /// The pong's interval, ns.
+        interval_ns: u64,
+    },
+    /// A next boundary more than [`MAX_LATE_INTERVALS`] intervals before the controller's clock.
+    #[error(
+        "a pong whose next boundary ({next_ns} ns) is more than {MAX_LATE_INTERVALS} intervals before the \
+         controller's clock ({t1} ns)"
+    )]
+    Late {
+        /// The pong's next boundary, ns on the controller's clock.
+        next_ns: u64,
+        /// The controller's clock when it answered, ns.
+        t1: u64,
+    },
+}
+
 /// Reads one frame (`buf` keeps what was read beyond it). Cancel-safe: dropped before it completes, it
 /// leaves in `buf` every byte it read, for the next call. Errors: the peer closed, the socket failed, or
 /// the frame is bad (the message names the field).
-pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>) -> Result<Message, String> {
+pub async fn read_frame<R: AsyncRead + Unpin>(rd: &mut R, buf: &mut Vec<u8>) -> Result<Message, ReadFrameError> {
     read_frame_within(rd, buf, wire::MAX_BODY).await
 }
 
@@ -128,16 +188,13 @@ pub async fn read_frame_within<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut Vec<u8>,
     max_body: usize,
-) -> Result<Message, String> {
+) -> Result<Message, ReadFrameError> {
     loop {
-        let want = wire::frame_len(buf).map_err(|e| format!("bad pShift frame: {e}"))?;
+        let want = wire::frame_len(buf).map_err(ReadFrameError::Bad)?;
         if let Some(n) = want.filter(|&n| n > wire::HEADER_BYTES + max_body) {
-            return Err(format!(
-                "a pShift frame of {} body bytes exceeds this connection's bound of {max_body}",
-                n - wire::HEADER_BYTES
-            ));
+            return Err(ReadFrameError::TooLarge { body: n - wire::HEADER_BYTES, max_body });
         }
-        if let Some((m, used)) = wire::decode(buf).map_err(|e| format!("bad pShift frame: {e}"))? {
+        if let Some((m, used)) = wire::decode(buf).map_err(ReadFrameError::Bad)? {
             buf.drain(..used);
             return Ok(m);
         }
@@ -147,18 +204,18 @@ pub async fn read_frame_within<R: AsyncRead + Unpin>(
         let want = want.unwrap_or(wire::HEADER_BYTES);
         let chunk = want.saturating_sub(buf.len()).clamp(1, 64 << 10);
         buf.reserve(chunk);
-        let n = (&mut *rd).take(chunk as u64).read_buf(buf).await.map_err(|e| format!("read: {e}"))?;
+        let n = (&mut *rd).take(chunk as u64).read_buf(buf).await.map_err(ReadFrameError::Read)?;
         if n == 0 {
-            return Err("the peer closed the connection".into());
+            return Err(ReadFrameError::Closed);
         }
     }
 }
 
 /// Writes one frame.
-pub async fn write_frame<W: AsyncWrite + Unpin>(wr: &mut W, m: &Message) -> Result<(), String> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(wr: &mut W, m: &Message) -> Result<(), WriteFrameError> {
     let mut out = Vec::new();
-    wire::encode(m, &mut out).map_err(|e| format!("encoding a {}: {e}", m.name()))?;
-    wr.write_all(&out).await.map_err(|e| format!("write: {e}"))
+    wire::encode(m, &mut out).map_err(|source| WriteFrameError::Encode { message: m.name(), source })?;
+    wr.write_all(&out).await.map_err(WriteFrameError::Write)
 }
 
 /// [`write_frame`] within `timeout`. Errors: `None` when the frame did not go out in time (the peer does
@@ -167,7 +224,7 @@ pub async fn write_frame_within<W: AsyncWrite + Unpin>(
     wr: &mut W,
     m: &Message,
     timeout: Duration,
-) -> Result<(), Option<String>> {
+) -> Result<(), Option<WriteFrameError>> {
     match tokio::time::timeout(timeout, write_frame(wr, m)).await {
         Ok(r) => r.map_err(Some),
         Err(_) => Err(None),
@@ -296,17 +353,12 @@ pub async fn run(
 /// A pong's schedule, checked before the dispatcher is given it (module comment): the interval at least
 /// [`MIN_INTERVAL_NS`], and the next boundary at most [`MAX_LATE_INTERVALS`] intervals before the
 /// controller's clock `t1`.
-fn check_schedule(t1: u64, next_ns: u64, interval_ns: u64) -> Result<(), String> {
+fn check_schedule(t1: u64, next_ns: u64, interval_ns: u64) -> Result<(), ScheduleError> {
     if interval_ns < MIN_INTERVAL_NS {
-        return Err(format!(
-            "a pong with a boundary interval of {interval_ns} ns (a controller's is at least {MIN_INTERVAL_NS} ns)"
-        ));
+        return Err(ScheduleError::Interval { interval_ns });
     }
     if next_ns.saturating_add(MAX_LATE_INTERVALS.saturating_mul(interval_ns)) < t1 {
-        return Err(format!(
-            "a pong whose next boundary ({next_ns} ns) is more than {MAX_LATE_INTERVALS} intervals before the \
-             controller's clock ({t1} ns)"
-        ));
+        return Err(ScheduleError::Late { next_ns, t1 });
     }
     Ok(())
 }
@@ -377,13 +429,13 @@ async fn session(
     };
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = Vec::new();
-    write_frame(&mut wr, &Message::Hello { name: s.name.clone() }).await.map_err(broken)?;
+    write_frame(&mut wr, &Message::Hello { name: s.name.clone() }).await.map_err(|e| broken(e.to_string()))?;
     // The answer is a welcome or a refusal, so at most a welcome's bound (a frame announcing more is
     // refused from its header).
     let first = tokio::time::timeout(s.welcome_timeout, read_frame_within(&mut rd, &mut buf, wire::MAX_WELCOME_BODY))
         .await
         .map_err(|_| broken(format!("no welcome within {} s", s.welcome_timeout.as_secs_f64())))?
-        .map_err(broken)?;
+        .map_err(|e| broken(e.to_string()))?;
     let (index, strays, names, limited) = match first {
         Message::Welcome { server, strays, buckets, limited } => (server, strays, buckets, limited),
         Message::Refuse { reason } => {
@@ -416,8 +468,11 @@ async fn session(
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Every write within SILENCE_TIMEOUT, and a frame read within it of the last one.
     let silent = || welcomed(format!("no frame from the controller within {} s", SILENCE_TIMEOUT.as_secs()));
-    let unwritten = |e: Option<String>| {
-        welcomed(e.unwrap_or_else(|| format!("the controller took no frame within {} s", SILENCE_TIMEOUT.as_secs())))
+    let unwritten = |e: Option<WriteFrameError>| {
+        welcomed(e.map_or_else(
+            || format!("the controller took no frame within {} s", SILENCE_TIMEOUT.as_secs()),
+            |e| e.to_string(),
+        ))
     };
     let mut heard = tokio::time::Instant::now();
     loop {
@@ -437,7 +492,7 @@ async fn session(
             }
             f = read_frame_within(&mut rd, &mut buf, max_body) => {
                 heard = tokio::time::Instant::now();
-                match f.map_err(welcomed)? {
+                match f.map_err(|e| welcomed(e.to_string()))? {
                     Message::ReportRequest { round, early } => {
                         // Tenants created or deleted since: a boundary's report covers the buckets of now.
                         let now_here = if early == 0 { tenants() } else { Vec::new() };
@@ -462,7 +517,7 @@ async fn session(
                     Message::Tokens(m) if m.server == index => dispatcher.pshift_tokens(m).await,
                     Message::Pong { t0, t1, next_round, next_ns, interval_ns } => {
                         if next_ns > 0 {
-                            check_schedule(t1, next_ns, interval_ns).map_err(welcomed)?;
+                            check_schedule(t1, next_ns, interval_ns).map_err(|e| welcomed(e.to_string()))?;
                         }
                         offset.sample(t0, t1, clock.now().0);
                         if let (true, Some(at)) = (next_ns > 0, offset.local(next_ns)) {
@@ -665,17 +720,100 @@ mod tests {
         assert!(!status.connected(), "down again when the session ends");
     }
 
+    /// A reader and a writer whose socket fails.
+    struct Failing;
+
+    impl AsyncRead for Failing {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
+        }
+    }
+
+    impl AsyncWrite for Failing {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The frames' and the pong's refusals, exactly as the link and the controller log them: a closed
+    /// peer, a failing socket, a frame over the connection's bound, a bad header, a message that does
+    /// not encode, and a pong's schedule out of bounds.
+    #[tokio::test]
+    async fn frame_and_schedule_refusals_read_as_before() {
+        let mut buf = Vec::new();
+        let e = read_frame(&mut &b""[..], &mut buf).await.unwrap_err().to_string();
+        assert_eq!(e, "the peer closed the connection");
+        let e = read_frame(&mut Failing, &mut buf).await.unwrap_err().to_string();
+        assert_eq!(e, "read: the socket failed");
+        let mut hello = Vec::new();
+        wire::encode(&Message::Hello { name: "s1".into() }, &mut hello).unwrap();
+        let body = hello.len() - wire::HEADER_BYTES;
+        let e = read_frame_within(&mut &hello[..], &mut Vec::new(), body - 1).await.unwrap_err().to_string();
+        assert_eq!(e, format!("a pShift frame of {body} body bytes exceeds this connection's bound of {}", body - 1));
+        assert!(matches!(read_frame_within(&mut &hello[..], &mut Vec::new(), body).await, Ok(Message::Hello { .. })));
+        let garbage = [0xffu8; wire::HEADER_BYTES];
+        let e = read_frame(&mut &garbage[..], &mut Vec::new()).await.unwrap_err().to_string();
+        assert_eq!(e, format!("bad pShift frame: {}", wire::frame_len(&garbage).unwrap_err()));
+        let e = write_frame(&mut Failing, &Message::Ping { t0: 1 }).await.unwrap_err().to_string();
+        assert_eq!(e, "write: the socket failed");
+        let empty = Message::Hello { name: String::new() };
+        let e = write_frame(&mut Vec::new(), &empty).await.unwrap_err().to_string();
+        assert_eq!(e, format!("encoding a hello: {}", wire::encode(&empty, &mut Vec::new()).unwrap_err()));
+        let e = write_frame_within(&mut Failing, &Message::Ping { t0: 1 }, Duration::from_secs(5)).await.unwrap_err();
+        assert_eq!(e.map(|e| e.to_string()).as_deref(), Some("write: the socket failed"));
+        // Typed: what is wrong, with the numbers it names.
+        let e = read_frame_within(&mut &hello[..], &mut Vec::new(), body - 1).await.unwrap_err();
+        assert!(matches!(e, ReadFrameError::TooLarge { body: b, max_body } if b == body && max_body == body - 1));
+        assert!(matches!(read_frame(&mut &b""[..], &mut Vec::new()).await, Err(ReadFrameError::Closed)));
+        assert!(matches!(read_frame(&mut &garbage[..], &mut Vec::new()).await, Err(ReadFrameError::Bad(_))));
+        let e = write_frame(&mut Vec::new(), &empty).await.unwrap_err();
+        assert!(matches!(e, WriteFrameError::Encode { message: "hello", .. }), "{e:?}");
+        assert_eq!(
+            check_schedule(1_000_000_000, 1, 1_000_000),
+            Err(ScheduleError::Late { next_ns: 1, t1: 1_000_000_000 })
+        );
+        let t1 = 1_000_000_000;
+        assert_eq!(
+            check_schedule(t1, t1, 999).unwrap_err().to_string(),
+            "a pong with a boundary interval of 999 ns (a controller's is at least 1000 ns)"
+        );
+        assert_eq!(
+            check_schedule(t1, 1, 1_000_000).unwrap_err().to_string(),
+            "a pong whose next boundary (1 ns) is more than 16 intervals before the controller's clock (1000000000 ns)"
+        );
+    }
+
     /// A pong's schedule at its bounds: an interval of 1,000 ns is taken and 999 refused; a next boundary
     /// exactly 16 intervals before the controller's clock is taken, one nanosecond earlier refused.
     #[test]
     fn pong_schedules_at_their_bounds() {
         let t1 = 1_000_000_000;
         assert!(check_schedule(t1, t1, MIN_INTERVAL_NS).is_ok());
-        let e = check_schedule(t1, t1, MIN_INTERVAL_NS - 1).unwrap_err();
+        let e = check_schedule(t1, t1, MIN_INTERVAL_NS - 1).unwrap_err().to_string();
         assert!(e.contains("interval of 999 ns"), "{e}");
         let late = t1 - MAX_LATE_INTERVALS * 1_000_000;
         assert!(check_schedule(t1, late, 1_000_000).is_ok());
-        let e = check_schedule(t1, late - 1, 1_000_000).unwrap_err();
+        let e = check_schedule(t1, late - 1, 1_000_000).unwrap_err().to_string();
         assert!(e.contains("more than 16 intervals before"), "{e}");
         assert!(check_schedule(t1, 1, u64::MAX).is_ok(), "saturating: a huge interval covers any lateness");
     }
