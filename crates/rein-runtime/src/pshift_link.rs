@@ -454,7 +454,7 @@ async fn session(
     dispatcher
         .pshift_attach(PshiftAttach { server: index, strays, buckets, limited, strays_to: stray_tx })
         .await
-        .map_err(|e| Failure::Refused(format!("pShift link: {e}")))?;
+        .map_err(|e| Failure::Refused(e.to_string()))?;
     tracing::info!(controller = %s.controller, index, buckets = mapped, "pShift link: welcomed by the controller");
     // Up until the session ends, however it ends (an error, or `run` dropping it at the stop).
     let _up = status.up();
@@ -597,6 +597,29 @@ mod tests {
         let (_, e, welcomed) = ended(r);
         assert!(welcomed, "{e}");
         assert!(!status.connected(), "the welcomed session has ended: the link is down");
+    }
+
+    /// A welcome the dispatcher refuses (its scheduler is not the token scheduler) ends the session
+    /// refused, naming the refusal once: `run` logs it as "pShift link: {e}; serving plain round robin
+    /// ...", which read "pShift link: pShift link: pShift needs ..." before.
+    #[tokio::test]
+    async fn a_welcome_the_dispatcher_refuses_is_named_once() {
+        let listener = TcpListener::bind("127.0.0.218:0").await.unwrap();
+        let config = DispatchConfig { scheduler: rein_core::SchedulerKind::Mclock, ..DispatchConfig::default() };
+        let (dispatcher, _join) = Dispatcher::spawn(None, config);
+        let controller = listener.local_addr().unwrap();
+        let s = LinkSettings { controller, name: "s1".into(), tls: None, welcome_timeout: CONNECT_TIMEOUT };
+        let status = LinkStatus::new(&s);
+        let welcoming = async {
+            let (mut sock, _) = hello(&listener).await;
+            let m = Message::Welcome { server: 0, strays: false, buckets: vec!["a".into()], limited: vec![] };
+            write_frame(&mut sock, &m).await.unwrap();
+            sock
+        };
+        let (r, _sock) = tokio::join!(session(&s, &dispatcher, &Vec::new, &status), welcoming);
+        let (refused, e, _) = ended(r);
+        assert!(refused, "{e}");
+        assert_eq!(e, "pShift needs scheduler = \"token\" (this server runs mclock)");
     }
 
     /// `resolve` by hash lookups gives what the scan of the tenants per bucket gave (the oracle below):
