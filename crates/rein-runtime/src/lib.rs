@@ -96,4 +96,5 @@ pub(crate) fn on_own_thread<T: Send + 'static>(
 
 pub use devmodel::DeviceConfig;
 pub use dispatch::{Clock, DispatchConfig, Dispatcher, IoEngine, IoError, IoRequest, IoResult, Op, Reply, Snapshot};
+pub use stall::StallWatchError;
 pub use storage::{FileMode, FileStorage, MemStorage, Storage, StorageError};

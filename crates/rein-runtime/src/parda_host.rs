@@ -585,7 +585,7 @@ pub enum StartError {
     Aggregator(rein_core::parda::PardaError),
     /// The process's stall watch cannot start (`crate::stall`).
     #[error("parda_host: {0}")]
-    StallWatch(String),
+    StallWatch(#[source] crate::stall::StallWatchError),
 }
 
 /// Why the gate refuses a change ([`HostGate::set_fixed_window`], [`HostGate::set_period_end_in`],

@@ -81,14 +81,28 @@ impl Default for StallWatch {
 /// The process's watch, once started ([`process`]).
 static PROCESS: Mutex<Option<Arc<StallWatch>>> = Mutex::new(None);
 
+/// Why the process's stall watch cannot start (`stall::process`): its thread did not, for the operating
+/// system's reason. The PARDA host's start and the pShift server's welcome carry it as it is.
+#[derive(Debug, thiserror::Error)]
+#[error("the thread that watches for stalls did not start: {0}")]
+pub struct StallWatchError(#[source] std::io::Error);
+
 /// The process's watch (module comment, "The process's watch"), started by the first call; it ticks
 /// until the process ends. An error if its thread cannot be started (a later call tries again).
-pub(crate) fn process() -> Result<Arc<StallWatch>, String> {
-    let mut p = PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+pub(crate) fn process() -> Result<Arc<StallWatch>, StallWatchError> {
+    process_in(&PROCESS, StallWatch::start)
+}
+
+/// [`process`] on `slot`, starting the watch with `start` if the slot holds none.
+fn process_in(
+    slot: &Mutex<Option<Arc<StallWatch>>>,
+    start: impl FnOnce() -> std::io::Result<Arc<StallWatch>>,
+) -> Result<Arc<StallWatch>, StallWatchError> {
+    let mut p = slot.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(w) = p.as_ref() {
         return Ok(w.clone());
     }
-    let w = StallWatch::start().map_err(|e| format!("the thread that watches for stalls did not start: {e}"))?;
+    let w = start().map_err(StallWatchError)?;
     *p = Some(w.clone());
     Ok(w)
 }
@@ -249,6 +263,24 @@ mod tests {
         metrics(&mut o);
         assert!(o.contains("# TYPE rein_process_stalls_total counter\nrein_process_stalls_total "), "{o}");
         assert!(o.contains("\nrein_process_stalled_seconds_total "), "{o}");
+    }
+
+    /// A watch whose thread cannot start is named once, as the PARDA host's start and the pShift
+    /// server's welcome say it, and a later call tries again.
+    #[test]
+    fn a_watch_that_cannot_start_is_named_once_and_tried_again() {
+        let slot = Mutex::new(None);
+        let refused = || Err(std::io::Error::other("no threads left"));
+        let e = process_in(&slot, refused).unwrap_err();
+        assert_eq!(e.to_string(), "the thread that watches for stalls did not start: no threads left");
+        let source = std::error::Error::source(&e).expect("the operating system's error is the source");
+        assert_eq!(source.to_string(), "no threads left");
+        let host = crate::parda_host::StartError::StallWatch(process_in(&slot, refused).unwrap_err());
+        assert_eq!(host.to_string(), "parda_host: the thread that watches for stalls did not start: no threads left");
+        let server = crate::dispatch::PshiftError::StallWatch(process_in(&slot, refused).unwrap_err());
+        assert_eq!(server.to_string(), "the thread that watches for stalls did not start: no threads left");
+        let w = process_in(&slot, StallWatch::start).unwrap();
+        assert!(Arc::ptr_eq(&w, &process_in(&slot, refused).unwrap()), "started once, then kept");
     }
 
     /// The thread ticks, and ends once the watch is dropped (invariant 3).
