@@ -210,11 +210,11 @@ type Layouts = BTreeMap<String, layouts::Layout>;
 async fn record_layouts(
     recorded: &mut Option<Layouts>,
     layouts: Option<(std::path::PathBuf, Layouts)>,
-) -> Result<(), String> {
+) -> Result<(), layouts::LayoutWriteError> {
     let Some((path, volumes)) = layouts else { return Ok(()) };
     let written = tokio::task::spawn_blocking(move || layouts::write(&path, volumes.clone()).map(|()| volumes))
         .await
-        .unwrap_or_else(|e| Err(format!("layout_file: the writer stopped: {e}")))?;
+        .unwrap_or_else(|e| Err(layouts::LayoutWriteError::WriterStopped(e)))?;
     *recorded = Some(written);
     Ok(())
 }
@@ -1303,10 +1303,13 @@ pub enum GatewayError {
         /// Why the host refuses it.
         source: crate::parda_host::GateError,
     },
-    /// `layout_file` cannot be written, or a volume's layout differs from the one recorded there
-    /// ([`layouts`]); the message names the file or the volumes.
+    /// A volume's layout differs from the one recorded in `layout_file` ([`layouts`]); the message names
+    /// the volumes and the file.
     #[error("{0}")]
     Layout(String),
+    /// `layout_file` cannot be written ([`layouts::write()`]); the error names the file.
+    #[error(transparent)]
+    LayoutWrite(#[from] layouts::LayoutWriteError),
     /// `layout_file` is there but cannot be read, or does not parse ([`layouts::read`]); the message names
     /// the file.
     #[error(transparent)]
@@ -2442,7 +2445,7 @@ pub async fn run_with(
         live.volumes.push(lv);
     }
     let now = live.layouts_now();
-    record_layouts(&mut live.recorded, now).await.map_err(GatewayError::Layout)?;
+    record_layouts(&mut live.recorded, now).await?;
     let limits = ConnLimits::new(cfg.caps);
     let policy = Arc::new(Policy {
         tls: live.tls.clone(),

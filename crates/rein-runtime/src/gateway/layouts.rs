@@ -248,15 +248,34 @@ pub fn read(path: &Path) -> Result<Option<LayoutFile>, LayoutReadError> {
     }
 }
 
+/// Why the layouts could not be recorded ([`write()`]; the gateway's writer thread, which can stop).
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutWriteError {
+    /// The file would be longer than a start reads ([`MAX_FILE_BYTES`]).
+    #[error("layout_file: {bytes} bytes of layouts, past the {max} a start reads")]
+    TooLarge {
+        /// The file's length as written.
+        bytes: u64,
+        /// The longest a start reads ([`MAX_FILE_BYTES`]).
+        max: u64,
+    },
+    /// The file cannot be written; the error names it, the step and the operating system's error.
+    #[error("layout_file: {0}")]
+    Write(#[source] crate::durable::WriteError),
+    /// The thread that writes it stopped before it answered (it panicked, or the runtime shut down).
+    #[error("layout_file: the writer stopped: {0}")]
+    WriterStopped(#[source] tokio::task::JoinError),
+}
+
 /// Writes `volumes` as the layout file at `path`, whole ([`crate::durable::write`]).
-pub fn write(path: &Path, volumes: BTreeMap<String, Layout>) -> Result<(), String> {
+pub fn write(path: &Path, volumes: BTreeMap<String, Layout>) -> Result<(), LayoutWriteError> {
     let f = LayoutFile { version: VERSION, volumes };
     let mut bytes = serde_json::to_vec_pretty(&f).expect("a layout file serialises");
     bytes.push(b'\n');
     if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("layout_file: {} bytes of layouts, past the {MAX_FILE_BYTES} a start reads", bytes.len()));
+        return Err(LayoutWriteError::TooLarge { bytes: bytes.len() as u64, max: MAX_FILE_BYTES });
     }
-    crate::durable::write(path, &bytes).map_err(|e| format!("layout_file: {e}"))
+    crate::durable::write(path, &bytes).map_err(LayoutWriteError::Write)
 }
 
 /// The volumes of `now` whose layout differs from their record in `recorded`, one line each with both
@@ -363,6 +382,30 @@ mod tests {
                 tmp.path().display()
             )
         );
+    }
+
+    /// A layout file that cannot be written names the file, the step and the cause once, after
+    /// `layout_file: `; one written is read back as it was.
+    #[test]
+    fn a_layout_file_that_cannot_be_written_is_named_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let volumes = BTreeMap::from([("v".to_string(), layout(&[("s1", 1)]))]);
+        let path = tmp.path().join("missing").join("layouts.json");
+        let e = write(&path, volumes.clone()).unwrap_err();
+        assert!(matches!(&e, LayoutWriteError::Write(w) if w.path == path), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "layout_file: writing {}: creating a temporary file beside it: {}",
+                path.display(),
+                std::io::Error::from_raw_os_error(libc::ENOENT)
+            )
+        );
+        let e = LayoutWriteError::TooLarge { bytes: MAX_FILE_BYTES + 1, max: MAX_FILE_BYTES };
+        assert_eq!(e.to_string(), "layout_file: 134217729 bytes of layouts, past the 134217728 a start reads");
+        let path = tmp.path().join("layouts.json");
+        write(&path, volumes.clone()).unwrap();
+        assert_eq!(read(&path).unwrap().map(|f| f.volumes), Some(volumes));
     }
 
     #[test]
