@@ -176,6 +176,11 @@ pub enum RecordKeyFileError {
     },
 }
 
+/// Why no record key could be made ([`RecordKey::generate_line`]): OpenSSL gave no random bytes.
+#[derive(Debug, thiserror::Error)]
+#[error("no random bytes for a record key: {0}")]
+pub struct GenerateKeyError(#[source] openssl::error::ErrorStack);
+
 impl RecordKey {
     /// A key of at least [`MIN_KEY_BYTES`] bytes.
     pub fn new(identity: &str, key: &[u8]) -> Result<RecordKey, RecordKeyError> {
@@ -206,9 +211,17 @@ impl RecordKey {
 
     /// A new random key of 32 bytes as a PSK file's line (`identity:hexkey`), for a file that
     /// [`RecordKey::from_file`] reads (`rein cluster` writes one per run).
-    pub fn generate_line(identity: &str) -> Result<String, String> {
+    pub fn generate_line(identity: &str) -> Result<String, GenerateKeyError> {
+        Self::generate_line_with(identity, openssl::rand::rand_bytes)
+    }
+
+    /// [`RecordKey::generate_line`], its key's bytes filled by `fill`.
+    fn generate_line_with(
+        identity: &str,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), openssl::error::ErrorStack>,
+    ) -> Result<String, GenerateKeyError> {
         let mut key = [0u8; 32];
-        openssl::rand::rand_bytes(&mut key).map_err(|e| format!("no random bytes for a record key: {e}"))?;
+        fill(&mut key).map_err(GenerateKeyError)?;
         let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
         Ok(format!("{identity}:{hex}\n"))
     }
@@ -949,6 +962,22 @@ impl UdpAggregation {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A generated key is a PSK file's line that [`RecordKey::from_file`] reads; without random bytes
+    /// the refusal names the record key and OpenSSL's error once.
+    #[test]
+    fn a_generated_key_reads_back_and_no_random_bytes_is_named_once() {
+        let line = RecordKey::generate_line("parda").unwrap();
+        let (identity, hex) = line.trim_end().split_once(':').unwrap();
+        assert_eq!((identity, hex.len(), line.ends_with('\n')), ("parda", 64, true));
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("parda.psk");
+        std::fs::write(&path, &line).unwrap();
+        assert_eq!(RecordKey::from_file(&path, "key_file", None, "identity").unwrap().identity(), "parda");
+        let e = RecordKey::generate_line_with("parda", |_| Err(openssl::error::ErrorStack::get())).unwrap_err();
+        assert_eq!(e.to_string(), "no random bytes for a record key: OpenSSL error");
+        assert_eq!(std::error::Error::source(&e).map(|s| s.to_string()).as_deref(), Some("OpenSSL error"));
+    }
 
     /// A read error of the report socket: a peer's ICMP message (refused, reset) is skipped at once and
     /// not logged; any other error pauses the reader (which spun a core on it before, in silence) and is
