@@ -250,6 +250,17 @@ impl Drop for ClientSlot {
     }
 }
 
+/// Why a connection may not open an export of its tenant ([`ConnLimits::open_tenant`]): the tenant has
+/// reached `max_connections_per_tenant`. The client is told, as the refusal's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tenant {tenant} has reached its maximum of {max} connections (max_connections_per_tenant)")]
+pub struct TenantCapError {
+    /// The tenant's name.
+    pub tenant: String,
+    /// Its cap (`max_connections_per_tenant`).
+    pub max: usize,
+}
+
 /// A connection counted against its tenant's `max_connections_per_tenant`.
 #[derive(Debug)]
 pub struct TenantSlot {
@@ -349,15 +360,12 @@ impl ConnLimits {
 
     /// Counts a connection opening an export of tenant `tenant` (the dispatcher's slot,
     /// [`rein_core::TenantId::index`], named `name`), or says why not.
-    pub fn open_tenant(self: &Arc<Self>, tenant: usize, name: &str) -> Result<TenantSlot, String> {
+    pub fn open_tenant(self: &Arc<Self>, tenant: usize, name: &str) -> Result<TenantSlot, TenantCapError> {
         let mut c = self.counts.lock().expect("the counts lock is not poisoned");
         let n = c.per_tenant.entry(tenant).or_insert(0);
         if *n >= self.caps.per_tenant {
             self.refused[PER_TENANT].fetch_add(1, Relaxed);
-            return Err(format!(
-                "tenant {name} has reached its maximum of {} connections (max_connections_per_tenant)",
-                self.caps.per_tenant
-            ));
+            return Err(TenantCapError { tenant: name.to_string(), max: self.caps.per_tenant });
         }
         *n += 1;
         Ok(TenantSlot { limits: self.clone(), tenant })
@@ -467,7 +475,9 @@ mod tests {
         assert!(matches!(limits.admit(a), Admit::Serve(_)));
         drop((s2, s3));
         let t = limits.open_tenant(0, "rd").unwrap();
-        assert!(limits.open_tenant(0, "rd").unwrap_err().contains("tenant rd"));
+        let e = limits.open_tenant(0, "rd").unwrap_err();
+        assert_eq!(e, TenantCapError { tenant: "rd".into(), max: 1 });
+        assert_eq!(e.to_string(), "tenant rd has reached its maximum of 1 connections (max_connections_per_tenant)");
         assert!(limits.open_tenant(1, "oltp").is_ok());
         drop(t);
         assert!(limits.open_tenant(0, "rd").is_ok());

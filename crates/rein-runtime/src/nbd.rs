@@ -741,11 +741,14 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 continue; // the client may have sent more options already
             }
             if let ServerProgress::Opening(export) = progress {
-                // The per-tenant cap, counted when the export opens; a refusal goes back to the client.
+                // The per-tenant cap, counted when the export opens; a refusal goes back to the client,
+                // its message the refusal's text.
                 let verdict = match exports.get(export) {
-                    Some(e) if policy.cap_tenants => {
-                        policy.limits.open_tenant(e.tenant.index(), &e.tenant_name).map(|s| slot = Some(s))
-                    }
+                    Some(e) if policy.cap_tenants => policy
+                        .limits
+                        .open_tenant(e.tenant.index(), &e.tenant_name)
+                        .map(|s| slot = Some(s))
+                        .map_err(|e| e.to_string()),
                     _ => Ok(()),
                 };
                 progress = hs.open(verdict, &mut out)?;
