@@ -725,9 +725,9 @@ impl ControllerSettings {
     /// `rein pshift controller --check-config`: what a start would refuse before it listens, without
     /// starting (the file was validated by [`ControllerSettings::load`]; here the admin endpoint's token
     /// file); returns the lines to print.
-    pub fn check(&self) -> Result<Vec<String>, String> {
+    pub fn check(&self) -> Result<Vec<String>, crate::admin_guard::AdminGuardError> {
         if let Some(addr) = self.admin {
-            crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS).map_err(|e| e.to_string())?;
+            crate::admin_guard::prepare(addr, &self.admin_access, ADMIN_POWERS)?;
         }
         if let Some(w) = crate::admin_guard::unused_admin_keys(&self.admin_access, self.admin, false) {
             tracing::warn!("{w}");
@@ -1259,7 +1259,7 @@ async fn connection(
         while let Some(m) = rx.recv().await {
             write_within(&mut wr, &m, write_timeout).await?;
         }
-        Ok::<(), String>(())
+        Ok::<(), FrameSendError>(())
     });
     let silence = admit.silence_timeout;
     let mut heard = tokio::time::Instant::now();
@@ -1272,7 +1272,7 @@ async fn connection(
             // which closes the socket (the halves of a split stream close it only when both are gone); or
             // a write failed.
             w = &mut writer => break match w {
-                Ok(Err(e)) => Err((Cut::Welcomed, e)),
+                Ok(Err(e)) => Err((Cut::Welcomed, e.to_string())),
                 _ => Ok(()),
             },
             f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
@@ -1299,19 +1299,36 @@ async fn connection(
     r
 }
 
+/// Why a frame did not reach a server ([`write_within`]); its connection ends naming it.
+#[derive(Debug, thiserror::Error)]
+enum FrameSendError {
+    /// The frame could not be written (the socket failed, or it does not encode).
+    #[error("{frame} to the server: {source}")]
+    Failed {
+        /// The frame's name ([`Message::name`]).
+        frame: &'static str,
+        /// Why not.
+        source: crate::pshift_link::WriteFrameError,
+    },
+    /// The server did not read it within the write timeout.
+    #[error("a frame ({frame}) not written to the server within {} s (it does not read)", timeout.as_secs_f64())]
+    NotRead {
+        /// The frame's name ([`Message::name`]).
+        frame: &'static str,
+        /// The write timeout.
+        timeout: Duration,
+    },
+}
+
 /// Writes `m` within `timeout`; the error names the frame and the bound.
 async fn write_within<W: tokio::io::AsyncWrite + Unpin>(
     wr: &mut W,
     m: &Message,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), FrameSendError> {
     crate::pshift_link::write_frame_within(wr, m, timeout).await.map_err(|e| match e {
-        Some(e) => format!("{} to the server: {e}", m.name()),
-        None => format!(
-            "a frame ({}) not written to the server within {} s (it does not read)",
-            m.name(),
-            timeout.as_secs_f64()
-        ),
+        Some(source) => FrameSendError::Failed { frame: m.name(), source },
+        None => FrameSendError::NotRead { frame: m.name(), timeout },
     })
 }
 
@@ -2002,6 +2019,50 @@ mod tests {
         assert!(e.contains("1024 servers x 8193 buckets: at most 8388608"), "{e}");
         let cut = text.rfind("[[buckets]]").unwrap();
         assert!(ControllerSettings::parse(&text[..cut], Path::new("ctl.toml")).is_ok(), "8,192 buckets fit");
+    }
+
+    /// `--check-config`'s refusal (an admin token file that cannot be read) and a frame not written to a
+    /// server (the socket failed; the server does not read) name what is wrong once, as before.
+    #[tokio::test(start_paused = true)]
+    async fn check_and_write_refusals_read_as_before() {
+        let text = format!("admin = \"127.0.0.225:0\"\nadmin_token_file = \"missing.token\"\n{CTL}");
+        let e = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap().check().unwrap_err();
+        let enoent = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert!(matches!(e, crate::admin_guard::AdminGuardError::TokenRead { .. }), "{e:?}");
+        assert_eq!(e.to_string(), format!("admin token file missing.token: {enoent}"));
+        let ping = Message::Ping { t0: 1 };
+        let e = write_within(&mut Failing, &ping, Duration::from_secs(2)).await.unwrap_err();
+        assert!(matches!(e, FrameSendError::Failed { frame: "ping", .. }), "{e:?}");
+        assert_eq!(e.to_string(), "ping to the server: write: the socket failed");
+        let (mut full, _reader) = tokio::io::duplex(8);
+        let e = write_within(&mut full, &ping, Duration::from_millis(2500)).await.unwrap_err();
+        assert!(matches!(e, FrameSendError::NotRead { frame: "ping", timeout } if timeout.as_millis() == 2500));
+        assert_eq!(e.to_string(), "a frame (ping) not written to the server within 2.5 s (it does not read)");
+    }
+
+    /// A writer whose every write fails.
+    struct Failing;
+
+    impl tokio::io::AsyncWrite for Failing {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
     }
 
     /// `listen` and `admin` on one port are refused, as rein serve's and rein gateway's are (a wildcard

@@ -49,7 +49,7 @@ pub(crate) struct ControllerArgs {
 fn controller(a: &ControllerArgs) -> Result<()> {
     let s = rein_runtime::pshift_controller::ControllerSettings::load(&a.config)?;
     if a.check_config {
-        return crate::serve::print_check(&Some(a.config.clone()), s.check().map_err(anyhow::Error::msg)?);
+        return crate::serve::print_check(&Some(a.config.clone()), s.check()?);
     }
     let roles = [rein_runtime::activation::PSHIFT, rein_runtime::activation::ADMIN];
     let passed = crate::serve::passed_sockets("rein pshift controller", &roles)?;
