@@ -644,11 +644,19 @@ fn the_client_learns_the_servers_block_size() {
     assert_eq!(block.check(&request(Command::Read, 8192, 1 << 20)), Ok(()));
     assert_eq!(block.check(&request(Command::Trim, 0, 64 << 20)), Ok(()), "no payload: may exceed the maximum");
     assert_eq!(block.check(&request(Command::Flush, 0, 0)), Ok(()));
-    let e = block.check(&request(Command::Write, 0, (1 << 20) + 4096)).unwrap_err();
-    assert!(e.contains("WRITE of 1052672 bytes is longer than the largest the server takes (1048576)"), "{e}");
-    let e = block.check(&request(Command::Read, 512, 4096)).unwrap_err();
-    assert!(e.contains("READ of 4096 bytes at 512 is not aligned to the minimum block size 4096"), "{e}");
+    let e = block.check(&request(Command::Write, 0, (1 << 20) + 4096)).unwrap_err().to_string();
+    assert_eq!(e, "a WRITE of 1052672 bytes is longer than the largest the server takes (1048576)");
+    let e = block.check(&request(Command::Read, 512, 4096)).unwrap_err().to_string();
+    assert_eq!(e, "a READ of 4096 bytes at 512 is not aligned to the minimum block size 4096");
     assert!(block.check(&request(Command::WriteZeroes, 0, 512)).is_err());
+    assert_eq!(
+        block.check(&request(Command::Read, 512, 4096)),
+        Err(BlockSizeError::Unaligned { command: Command::Read, length: 4096, offset: 512, min: 4096 })
+    );
+    assert_eq!(
+        block.check(&request(Command::Write, 0, (1 << 20) + 4096)),
+        Err(BlockSizeError::TooLong { command: Command::Write, length: (1 << 20) + 4096, max: 1 << 20 })
+    );
     // A malformed one is taken as none: the defaults, which such a server worked with before.
     for bad in [
         info(3, 4096, 1 << 20),

@@ -2481,7 +2481,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 // on a request past its limits, failing every piece on it.
                 let header = RequestHeader::decode(&w.msg).ok().flatten().expect("a piece's message has a header");
                 if let Err(why) = block.check(&header) {
-                    target.fail(w.sink, ErrorKind::InvalidRequest, why);
+                    target.fail(w.sink, ErrorKind::InvalidRequest, why.to_string());
                     work = rx.try_recv().ok();
                     continue;
                 }

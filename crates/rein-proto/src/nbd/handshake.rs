@@ -753,21 +753,44 @@ impl BlockSize {
     /// Whether `request` keeps to these constraints, as a client that asked for them must: its offset
     /// and length multiples of the minimum block size (FLUSH and DISC, which address nothing, aside) and
     /// a READ or WRITE no longer than the maximum payload. The error says what does not.
-    pub fn check(&self, request: &RequestHeader) -> Result<(), String> {
-        let (offset, length, min) = (request.offset, request.length, self.min);
-        let addresses = !matches!(request.command, Command::Flush | Command::Disc);
+    pub fn check(&self, request: &RequestHeader) -> Result<(), BlockSizeError> {
+        let (command, offset, length, min) = (request.command, request.offset, request.length, self.min);
+        let addresses = !matches!(command, Command::Flush | Command::Disc);
         if addresses && (offset % u64::from(min) != 0 || length % min != 0) {
-            let what = request.command;
-            return Err(format!(
-                "a {what} of {length} bytes at {offset} is not aligned to the minimum block size {min}"
-            ));
+            return Err(BlockSizeError::Unaligned { command, length, offset, min });
         }
-        if matches!(request.command, Command::Read | Command::Write) && length > self.max {
-            let (what, max) = (request.command, self.max);
-            return Err(format!("a {what} of {length} bytes is longer than the largest the server takes ({max})"));
+        if matches!(command, Command::Read | Command::Write) && length > self.max {
+            return Err(BlockSizeError::TooLong { command, length, max: self.max });
         }
         Ok(())
     }
+}
+
+/// Why a request breaks the block size constraints a server advertised ([`BlockSize::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockSizeError {
+    /// Its offset or length is not a multiple of the minimum block size.
+    #[error("a {command} of {length} bytes at {offset} is not aligned to the minimum block size {min}")]
+    Unaligned {
+        /// The request's command.
+        command: Command,
+        /// Its length (bytes).
+        length: u32,
+        /// Its offset (bytes).
+        offset: u64,
+        /// The minimum block size (bytes).
+        min: u32,
+    },
+    /// A READ or WRITE longer than the maximum payload.
+    #[error("a {command} of {length} bytes is longer than the largest the server takes ({max})")]
+    TooLong {
+        /// The request's command.
+        command: Command,
+        /// Its length (bytes).
+        length: u32,
+        /// The maximum payload (bytes).
+        max: u32,
+    },
 }
 
 /// Exports one [`ClientHandshake::probe`] asks about that every server known takes on one connection

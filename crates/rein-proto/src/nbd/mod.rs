@@ -40,8 +40,8 @@ pub mod transmission;
 
 pub use client::{ClientEvent, ClientReply, ClientTransmission, MAX_READ_PIECES};
 pub use handshake::{
-    decode_option_reply, option_reply, option_request, BlockSize, ClientHandshake, ClientProgress, Negotiated,
-    OptionReply, Probed, ServerHandshake, ServerProgress, TlsMode, PROBE_EXPORTS_ANY_SERVER,
+    decode_option_reply, option_reply, option_request, BlockSize, BlockSizeError, ClientHandshake, ClientProgress,
+    Negotiated, OptionReply, Probed, ServerHandshake, ServerProgress, TlsMode, PROBE_EXPORTS_ANY_SERVER,
 };
 pub use node::{
     decode_node_reply, encode_node_request, NodeError, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag,
