@@ -190,13 +190,14 @@ pub enum PlanError {
         /// More on why (empty or starting with ": ").
         why: String,
     },
-    /// A value cannot be carried over (the message names the server or tenant and the value).
-    #[error("scenario {scenario}: {message}")]
+    /// A value cannot be carried over (the reason names the server or tenant and the value).
+    #[error("scenario {scenario}: {reason}")]
     Invalid {
         /// The scenario as errors name it (rein-sim's `Scenario::label`: its file).
         scenario: String,
         /// What is wrong.
-        message: String,
+        #[source]
+        reason: Box<Invalid>,
     },
     /// The first process's address (`rein cluster --first-address`) is not one a plan can start from.
     #[error("--first-address {first}: {why}")]
@@ -342,6 +343,54 @@ fn check_first(first: Ipv4Addr) -> Result<(), PlanError> {
     Err(PlanError::FirstAddress { first, why })
 }
 
+/// What a scenario asks that a plan cannot carry ([`PlanError::Invalid`], which names the scenario); each
+/// names its server, tenant, address or value once.
+#[derive(Debug, thiserror::Error)]
+pub enum Invalid {
+    /// A server's, tenant's or host's name that cannot be a file name in the run's directory.
+    #[error(
+        "{what} name {name:?}: rein cluster names files after it in the run's directory; use letters, digits, \
+         '.', '_' and '-', not starting with '.'"
+    )]
+    FileName {
+        /// What it names: "server", "tenant" or "host".
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// No port for a process at `host` (`--base-port 0`: none free; else past 65535).
+    #[error("no free port on {host}: {source} (give --base-port)")]
+    Port {
+        /// The process's address.
+        host: Ipv4Addr,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The processes do not fit from `--first-address` to its `.254`.
+    #[error(transparent)]
+    Room(RoomError),
+    /// A node's or a PARDA host's config cannot be written.
+    #[error(transparent)]
+    Config(ConfigWriteError),
+    /// A tenant's routing makes no gateway stripe.
+    #[error(transparent)]
+    Stripe(StripeError),
+    /// A tenant's stripe widths make no layout.
+    #[error("tenant {tenant}: {source}")]
+    Layout {
+        /// The tenant.
+        tenant: String,
+        /// Why not.
+        source: rein_model::stripe::StripeError,
+    },
+    /// A pShift node's config cannot be written.
+    #[error(transparent)]
+    PshiftNode(pshift::NodeWriteError),
+    /// A pShift controller's config cannot be written.
+    #[error(transparent)]
+    PshiftController(pshift::ControllerWriteError),
+}
+
 /// How many processes fit from `first` (checked by [`check_first`]) to its `.254`, each on its own
 /// address (invariant 2): a plan's `processes` (the scenario's `what`) must, or it is refused naming
 /// `--first-address`.
@@ -359,7 +408,7 @@ fn last_host(first: &Ipv4Addr) -> Ipv4Addr {
     Ipv4Addr::new(a, b, c, LAST_HOST)
 }
 
-/// A plan's processes do not fit from its first address to that address's `.254` ([`check_room`];
+/// A plan's processes do not fit from its first address to that address's `.254` (`check_room`;
 /// invariant 2).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -367,7 +416,7 @@ fn last_host(first: &Ipv4Addr) -> Ipv4Addr {
      most {room} fit",
     last_host(.first)
 )]
-pub(crate) struct RoomError {
+pub struct RoomError {
     /// What the scenario has that needs them (servers, gateways, hosts, a controller).
     pub what: String,
     /// How many processes.
@@ -381,7 +430,7 @@ pub(crate) struct RoomError {
 /// A server more tenants use than a `rein serve` node takes exports ([`rein_runtime::config::MAX_EXPORTS`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("server {server}: {exports} tenants use it, and a rein serve node takes at most {max}")]
-pub(crate) struct ExportsError {
+pub struct ExportsError {
     /// The server.
     pub server: String,
     /// The exports its node would have.
@@ -489,11 +538,11 @@ pub enum StripeError {
     },
 }
 
-/// Why a node's or a PARDA host's config cannot be written ([`node_config`], [`host_config`]; a
+/// Why a node's or a PARDA host's config cannot be written (`node_config`, `host_config`; a
 /// gateway's refuses only its tenant's [`StripeError`]); the message names the server, tenant or table
 /// once, the plan the scenario.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ConfigWriteError {
+pub enum ConfigWriteError {
     /// A node's `[mclock]` or `[device_model]` table (the server's own).
     #[error("server {server}: {table}")]
     ServerTable {
@@ -534,17 +583,14 @@ impl Plan {
             feature: feature.into(),
             why: if why.is_empty() { String::new() } else { format!(": {why}") },
         };
-        let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
+        let invalid = |reason: Invalid| PlanError::Invalid { scenario: sc.label(), reason: Box::new(reason) };
         // Names become file names in the run's directory (node-SERVER/, TENANT.img, gateway-TENANT.toml):
         // one with a '/' or a leading '.' reached out of it ("../x" wrote x.img beside the directory).
         let servers = sc.servers().iter().map(|s| ("server", &s.name));
         let tenants = sc.tenants().iter().map(|t| ("tenant", &t.name));
         for (what, name) in servers.chain(tenants).chain(sc.hosts().iter().map(|h| ("host", &h.name))) {
             if !file_name_safe(name) {
-                return Err(invalid(format!(
-                    "{what} name {name:?}: rein cluster names files after it in the run's directory; use letters, \
-                     digits, '.', '_' and '-', not starting with '.'"
-                )));
+                return Err(invalid(Invalid::FileName { what, name: name.clone() }));
             }
         }
         if let Some(p) = sc.parda() {
@@ -556,7 +602,7 @@ impl Plan {
         // Process i's NBD and admin addresses, and with `udp` a third port (a PARDA host's reports).
         let mut addr3 = |i: usize, udp: bool| -> Result<(SocketAddr, SocketAddr, SocketAddr), PlanError> {
             let h = host(first, i);
-            let mut p = |k| port(h, k).map_err(|e| invalid(format!("no free port on {h}: {e} (give --base-port)")));
+            let mut p = |k| port(h, k).map_err(|source| invalid(Invalid::Port { host: h, source }));
             let (nbd, admin) = (SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?)));
             Ok((nbd, admin, SocketAddr::from((h, if udp { p(2)? } else { 0 }))))
         };
@@ -566,7 +612,7 @@ impl Plan {
                 true => format!("{} servers and a controller", sc.servers().len()),
                 false => format!("{} servers", sc.servers().len()),
             };
-            check_room(first, processes, &what).map_err(|e| invalid(e.to_string()))?;
+            check_room(first, processes, &what).map_err(|e| invalid(Invalid::Room(e)))?;
             let (nodes, controller) =
                 pshift::processes(sc, ps, |i| addr3(i, false).map(|(nbd, admin, _)| (nbd, admin)))?;
             let endpoints = sc
@@ -607,7 +653,7 @@ impl Plan {
             multi.len(),
             sc.hosts().len()
         );
-        check_room(first, processes, &what).map_err(|e| invalid(e.to_string()))?;
+        check_room(first, processes, &what).map_err(|e| invalid(Invalid::Room(e)))?;
         let mut nodes = Vec::with_capacity(sc.servers().len());
         for (i, s) in sc.servers().iter().enumerate() {
             let (nbd, admin, _) = addr3(i, false)?;
@@ -617,7 +663,7 @@ impl Plan {
             // sfq as LFQ or fifo the node's [node] did nothing but draw a warning.
             let node = !multi.is_empty() && s.distributed;
             let text = node_config(sc, s, nbd, admin, &format!("node-{}", s.name), &users, node)
-                .map_err(|e| invalid(e.to_string()))?;
+                .map_err(|e| invalid(Invalid::Config(e)))?;
             nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config: text });
         }
         let mut gateways = Vec::new();
@@ -639,7 +685,7 @@ impl Plan {
                     .map(|(g, _)| (g as u32, addrs[g].2))
                     .collect();
                 let text = host_config(sc, p, h, &nodes[hp.server], nbd, admin, udp, &peers)
-                    .map_err(|e| invalid(e.to_string()))?;
+                    .map_err(|e| invalid(Invalid::Config(e)))?;
                 let udp = publishes(hp, p).then_some(udp);
                 gateways.push(GatewayPlan { tenant: format!("host-{}", hp.name), nbd, admin, udp, config: text });
                 host_admins.push(admin);
@@ -682,10 +728,11 @@ impl Plan {
             }
             let (nbd, admin, _) = addr3(sc.servers().len() + gateways.len(), false)?;
             debug_assert!(sc.hosts().is_empty(), "a PARDA scenario's tenants are VMs on hosts or on one server");
-            let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(|e| invalid(e.to_string()))?;
-            let (unit_kb, w) = stripe(t).map_err(|e| invalid(e.to_string()))?;
+            let text = gateway_config(sc, t, &nodes, nbd, admin).map_err(|e| invalid(Invalid::Stripe(e)))?;
+            let (unit_kb, w) = stripe(t).map_err(|e| invalid(Invalid::Stripe(e)))?;
             let w: Vec<u32> = w.iter().map(|&x| x as u32).collect();
-            let layout = Stripe::new(unit_kb * 1024, &w).map_err(|e| invalid(format!("tenant {}: {e}", t.name)))?;
+            let layout = Stripe::new(unit_kb * 1024, &w)
+                .map_err(|source| invalid(Invalid::Layout { tenant: t.name.clone(), source }))?;
             gateways.push(GatewayPlan { tenant: t.name.clone(), nbd, admin, udp: None, config: text });
             endpoints.push(Endpoint {
                 tenant: t.name.clone(),
@@ -1621,6 +1668,37 @@ span_gb = 0.0001
         let plan = Plan::new(&paper, fixed_ports).unwrap();
         let node = rein_runtime::config::ServerConfig::parse(&plan.nodes[0].config, Path::new("rein.toml")).unwrap();
         assert_eq!(node.token.r_order, rein_core::pshift::tokens::ROrder::RoundRobin);
+    }
+
+    /// A file name a scenario's name cannot be and a port the plan cannot find are refused with the
+    /// scenario named once, then what is wrong (exact texts, as when `PlanError::Invalid` held a String).
+    #[test]
+    fn a_name_and_a_port_refusal_read_as_before() {
+        let tenant = "[[tenants]]\nname = \"../x\"\n[tenants.workload]\nkind = \"closed\"\n";
+        let sc = Scenario::from_toml(&format!("{ONE}{tenant}"), None).unwrap();
+        let e = Plan::new(&sc, fixed_ports).unwrap_err();
+        let PlanError::Invalid { reason, .. } = &e else { panic!("{e:?}") };
+        assert!(matches!(&**reason, Invalid::FileName { what: "tenant", name } if name == "../x"), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "scenario {}: tenant name \"../x\": rein cluster names files after it in the run's directory; use \
+                 letters, digits, '.', '_' and '-', not starting with '.'",
+                sc.label()
+            )
+        );
+        let tenant = "[[tenants]]\nname = \"t\"\n[tenants.workload]\nkind = \"closed\"\n";
+        let sc = Scenario::from_toml(&format!("{ONE}{tenant}"), None).unwrap();
+        let no_port = |_: Ipv4Addr, _: u16| Err(std::io::Error::other("none left"));
+        let e = Plan::at(&sc, Ipv4Addr::new(127, 0, 0, 226), no_port).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("scenario {}: no free port on 127.0.0.226: none left (give --base-port)", sc.label())
+        );
+        let PlanError::Invalid { reason, .. } = &e else { panic!("{e:?}") };
+        assert!(matches!(&**reason, Invalid::Port { host, .. } if *host == Ipv4Addr::new(127, 0, 0, 226)), "{e:?}");
+        let source = std::error::Error::source(&e).expect("the reason is the source");
+        assert_eq!(source.to_string(), "no free port on 127.0.0.226: none left (give --base-port)");
     }
 
     /// Names become file names in the run's directory: one that would reach out of it ("../x" wrote x.img

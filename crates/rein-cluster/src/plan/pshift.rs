@@ -27,8 +27,8 @@
 //! kept for tokens in flight, when an early round may start).
 
 use super::{
-    budget_lines, device_table, export_mb, f, mclock_table, q, tenant_entry, ExportsError, NodePlan, PlanError,
-    TableError,
+    budget_lines, device_table, export_mb, f, mclock_table, q, tenant_entry, ExportsError, Invalid, NodePlan,
+    PlanError, TableError,
 };
 use rein_core::Nanos;
 use rein_sim::model::pshift::{BucketLoad, BucketPlan, PshiftSection};
@@ -115,10 +115,10 @@ pub enum ControllerWriteError {
     },
 }
 
-/// Why a pShift node's rein.toml cannot be written ([`node_config`]); the message names the server or
+/// Why a pShift node's rein.toml cannot be written (`node_config`); the message names the server or
 /// bucket once, the plan the scenario.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum NodeWriteError {
+pub enum NodeWriteError {
     /// The server's `[mclock]` or `[device_model]` table.
     #[error("server {server}: {table}")]
     Table {
@@ -289,10 +289,10 @@ pub(super) fn processes(
     ps: &PshiftSection,
     mut addrs: impl FnMut(usize) -> Result<(SocketAddr, SocketAddr), PlanError>,
 ) -> Result<(Vec<NodePlan>, Option<ControllerPlan>), PlanError> {
-    let invalid = |message: String| PlanError::Invalid { scenario: sc.label(), message };
+    let invalid = |reason: Invalid| PlanError::Invalid { scenario: sc.label(), reason: Box::new(reason) };
     let controller = if ps.controller {
         let (listen, admin) = addrs(sc.servers().len())?;
-        let config = controller_config(sc, ps, listen, admin).map_err(|e| invalid(e.to_string()))?;
+        let config = controller_config(sc, ps, listen, admin).map_err(|e| invalid(Invalid::PshiftController(e)))?;
         Some(ControllerPlan { listen, admin, config })
     } else {
         None
@@ -301,7 +301,7 @@ pub(super) fn processes(
     for (i, s) in sc.servers().iter().enumerate() {
         let (nbd, admin) = addrs(i)?;
         let config = node_config(sc, ps, i, nbd, admin, controller.as_ref().map(|c| c.listen))
-            .map_err(|e| invalid(e.to_string()))?;
+            .map_err(|e| invalid(Invalid::PshiftNode(e)))?;
         nodes.push(NodePlan { name: s.name.clone(), nbd, admin, config });
     }
     // The controller is at the address after the last node's.
