@@ -2031,38 +2031,13 @@ mod tests {
         assert!(matches!(e, crate::admin_guard::AdminGuardError::TokenRead { .. }), "{e:?}");
         assert_eq!(e.to_string(), format!("admin token file missing.token: {enoent}"));
         let ping = Message::Ping { t0: 1 };
-        let e = write_within(&mut Failing, &ping, Duration::from_secs(2)).await.unwrap_err();
+        let e = write_within(&mut crate::testkit::Failing, &ping, Duration::from_secs(2)).await.unwrap_err();
         assert!(matches!(e, FrameSendError::Failed { frame: "ping", .. }), "{e:?}");
         assert_eq!(e.to_string(), "ping to the server: write: the socket failed");
         let (mut full, _reader) = tokio::io::duplex(8);
         let e = write_within(&mut full, &ping, Duration::from_millis(2500)).await.unwrap_err();
         assert!(matches!(e, FrameSendError::NotRead { frame: "ping", timeout } if timeout.as_millis() == 2500));
         assert_eq!(e.to_string(), "a frame (ping) not written to the server within 2.5 s (it does not read)");
-    }
-
-    /// A writer whose every write fails.
-    struct Failing;
-
-    impl tokio::io::AsyncWrite for Failing {
-        fn poll_write(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            _: &[u8],
-        ) -> std::task::Poll<std::io::Result<usize>> {
-            std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
-        }
-        fn poll_flush(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-        fn poll_shutdown(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
     }
 
     /// `listen` and `admin` on one port are refused, as rein serve's and rein gateway's are (a wildcard

@@ -743,41 +743,6 @@ mod tests {
         assert!(!status.connected(), "down again when the session ends");
     }
 
-    /// A reader and a writer whose socket fails.
-    struct Failing;
-
-    impl AsyncRead for Failing {
-        fn poll_read(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            _: &mut tokio::io::ReadBuf<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
-        }
-    }
-
-    impl AsyncWrite for Failing {
-        fn poll_write(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            _: &[u8],
-        ) -> std::task::Poll<std::io::Result<usize>> {
-            std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
-        }
-        fn poll_flush(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-        fn poll_shutdown(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-    }
-
     /// The frames' and the pong's refusals, exactly as the link and the controller log them: a closed
     /// peer, a failing socket, a frame over the connection's bound, a bad header, a message that does
     /// not encode, and a pong's schedule out of bounds.
@@ -786,7 +751,7 @@ mod tests {
         let mut buf = Vec::new();
         let e = read_frame(&mut &b""[..], &mut buf).await.unwrap_err().to_string();
         assert_eq!(e, "the peer closed the connection");
-        let e = read_frame(&mut Failing, &mut buf).await.unwrap_err().to_string();
+        let e = read_frame(&mut crate::testkit::Failing, &mut buf).await.unwrap_err().to_string();
         assert_eq!(e, "read: the socket failed");
         let mut hello = Vec::new();
         wire::encode(&Message::Hello { name: "s1".into() }, &mut hello).unwrap();
@@ -797,12 +762,14 @@ mod tests {
         let garbage = [0xffu8; wire::HEADER_BYTES];
         let e = read_frame(&mut &garbage[..], &mut Vec::new()).await.unwrap_err().to_string();
         assert_eq!(e, format!("bad pShift frame: {}", wire::frame_len(&garbage).unwrap_err()));
-        let e = write_frame(&mut Failing, &Message::Ping { t0: 1 }).await.unwrap_err().to_string();
+        let e = write_frame(&mut crate::testkit::Failing, &Message::Ping { t0: 1 }).await.unwrap_err().to_string();
         assert_eq!(e, "write: the socket failed");
         let empty = Message::Hello { name: String::new() };
         let e = write_frame(&mut Vec::new(), &empty).await.unwrap_err().to_string();
         assert_eq!(e, format!("encoding a hello: {}", wire::encode(&empty, &mut Vec::new()).unwrap_err()));
-        let e = write_frame_within(&mut Failing, &Message::Ping { t0: 1 }, Duration::from_secs(5)).await.unwrap_err();
+        let e = write_frame_within(&mut crate::testkit::Failing, &Message::Ping { t0: 1 }, Duration::from_secs(5))
+            .await
+            .unwrap_err();
         assert_eq!(e.map(|e| e.to_string()).as_deref(), Some("write: the socket failed"));
         // Typed: what is wrong, with the numbers it names.
         let e = read_frame_within(&mut &hello[..], &mut Vec::new(), body - 1).await.unwrap_err();

@@ -1,6 +1,7 @@
 //! Test support shared by the unit tests of the NBD client and the gateway's node links: a fake NBD
-//! server's side of the handshake, over a real socket; and the names in a directory, for the tests of
-//! the file writers (`durable`, `state`).
+//! server's side of the handshake, over a real socket; the names in a directory, for the tests of
+//! the file writers (`durable`, `state`); and a socket whose every read and write fails ([`Failing`],
+//! for the pShift link's and controller's frame writers).
 
 use rein_proto::nbd::{
     Event, ExportInfo, Negotiated, NodeHello, NodeWelcome, Request, ServerHandshake, ServerProgress, ServerTransmission,
@@ -131,4 +132,39 @@ pub(crate) fn dir_names(dir: &std::path::Path) -> Vec<String> {
         std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();
     v
+}
+
+/// A reader and a writer whose socket fails: every read and write is an error ("the socket failed").
+pub(crate) struct Failing;
+
+impl tokio::io::AsyncRead for Failing {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
+    }
+}
+
+impl tokio::io::AsyncWrite for Failing {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Err(std::io::Error::other("the socket failed")))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
 }
