@@ -347,6 +347,14 @@ impl KindName {
         }
     }
 
+    /// Every kind's name, as [`WorkloadError::UnknownKind`] lists them: "closed, open, on_off, burst or
+    /// trace".
+    fn listed() -> String {
+        let names = KindName::ALL.map(KindName::name);
+        let (last, rest) = names.split_last().expect("five kinds");
+        format!("{} or {last}", rest.join(", "))
+    }
+
     /// The kind named exactly `name` (case and spelling as [`KindName::name`] writes it), if any.
     pub fn parse(name: &str) -> Option<KindName> {
         KindName::ALL.into_iter().find(|k| k.name() == name)
@@ -541,8 +549,9 @@ pub enum WorkloadError {
     },
     /// A kind that is none of the workload kinds.
     #[error(
-        "{}: expected closed, open, on_off, burst or trace",
-        if *.key_value { format!("kind={got}") } else { format!("workload kind {got:?}") }
+        "{}: expected {}",
+        if *.key_value { format!("kind={got}") } else { format!("workload kind {got:?}") },
+        KindName::listed()
     )]
     UnknownKind {
         /// The kind given.
