@@ -734,9 +734,7 @@ impl HostGate {
     /// window issues nothing until enough complete. Errors: a PARDA host (its window follows eq. (2)), a
     /// window outside [1, 65536], or a gate that has stopped.
     pub async fn set_fixed_window(&self, window: f64) -> Result<(), GateError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::SetWindow(window, tx)).map_err(|_| GateError::Stopped)?;
-        rx.await.map_err(|_| GateError::Stopped)?
+        self.ask(|tx| Msg::SetWindow(window, tx)).await
     }
 
     /// The current control period ends `ends_in` from now, and the next ones a period apart from there
@@ -744,24 +742,29 @@ impl HostGate {
     /// wants them (`rein cluster` puts them where the simulator's hosts tick). The IOs of the period so
     /// far stay in it. Errors: more than two periods ahead, or a gate that has stopped.
     pub async fn set_period_end_in(&self, ends_in: std::time::Duration) -> Result<(), GateError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::SetPeriodEnd(ends_in, tx)).map_err(|_| GateError::Stopped)?;
-        rx.await.map_err(|_| GateError::Stopped)?
+        self.ask(|tx| Msg::SetPeriodEnd(ends_in, tx)).await
     }
 
     /// A VM joins the host with `spec` (its weight is its share); returns its id. Errors: the host's VM
     /// bound, a spec the local scheduler refuses, or a gate that has stopped.
     pub async fn add_vm(&self, spec: QosSpec) -> Result<TenantId, GateError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::AddVm(spec, tx)).map_err(|_| GateError::Stopped)?;
-        rx.await.map_err(|_| GateError::Stopped)?
+        self.ask(|tx| Msg::AddVm(spec, tx)).await
     }
 
     /// VM `vm`'s spec becomes `spec`: the local scheduler uses it at once, beta (its share) from the next
     /// period. Errors: an unknown VM, a spec the local scheduler refuses, or a gate that has stopped.
     pub async fn set_vm_spec(&self, vm: TenantId, spec: QosSpec) -> Result<(), GateError> {
+        self.ask(|tx| Msg::SetVmSpec(vm, spec, tx)).await
+    }
+
+    /// Sends the gate the message `msg` makes around a reply channel and waits for its answer; a gate that
+    /// has stopped (the message not taken, or dropped unanswered) is [`GateError::Stopped`].
+    async fn ask<T>(
+        &self,
+        msg: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, GateError>>) -> Msg,
+    ) -> Result<T, GateError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx.send(Msg::SetVmSpec(vm, spec, tx)).map_err(|_| GateError::Stopped)?;
+        self.tx.send(msg(tx)).map_err(|_| GateError::Stopped)?;
         rx.await.map_err(|_| GateError::Stopped)?
     }
 
