@@ -196,8 +196,18 @@ impl Up {
                 Ok(l) if l == "ready" => return v,
                 Ok(l) => v.push(l),
                 Err(_) => {
+                    // Dead or silent: killed, its stderr says why (read if it closes within 5 s: a child of
+                    // its may hold the pipe open).
                     let _ = self.child.kill();
-                    panic!("no `ready` line; got {v:?}");
+                    let closes = Instant::now() + Duration::from_secs(5);
+                    while self.stderr.as_ref().is_some_and(|t| !t.is_finished()) && Instant::now() < closes {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    let stderr = match self.stderr.take_if(|t| t.is_finished()) {
+                        Some(t) => t.join().unwrap_or_default(),
+                        None => "(still open)".to_string(),
+                    };
+                    panic!("no `ready` line; got {v:?}; stderr: {stderr}");
                 }
             }
         }
