@@ -1105,7 +1105,7 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let _held = hang.lock().unwrap();
+        let held = hang.lock().unwrap();
         let mut last = None;
         for _ in 0..1000 {
             match t.exchange(at(3), &report(0, 3), &mut agg).await {
@@ -1119,5 +1119,24 @@ mod tests {
         assert!(matches!(last, Some(Err(AggregationError::Slow { .. }))), "{last:?}");
         let seq = agg.peers().find(|(h, _)| **h == 1).map(|(_, p)| p.last.seq);
         assert_eq!(seq, Some(2), "the late reading's report of host 1 was fed");
+        drop(held);
+        settle(&mut t, &mut agg).await;
+        drop(dir);
+    }
+
+    /// Exchanges until one ends within its deadline, so no board IO runs on when the test's directory
+    /// goes: one still running after the removal saw its board deleted and made it again (CI found the
+    /// directory left behind with that board in it).
+    async fn settle(t: &mut Transport, agg: &mut Aggregator) {
+        for _ in 0..2000 {
+            match t.exchange(Nanos::from_secs(99), &report(0, 99), agg).await {
+                Ok(_) => return,
+                Err(AggregationError::Stuck { .. } | AggregationError::Slow { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("the board IO never ended within its deadline");
     }
 }
