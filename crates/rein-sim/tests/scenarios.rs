@@ -127,6 +127,27 @@ const BASELINES: [&str; 13] = [
 /// that holds whatever the scheduler does checks nothing. For each scenario the sabotages that apply are
 /// tried in [`Sabotage::ALL`]'s order until one makes a check fail (one extra run per scenario in the
 /// usual case, so the test costs about as much as `every_scenario_meets_its_expectations`); the
+/// `no-controller` builds a scenario validation accepts: the checks of the controller's tally
+/// (`count = "servers"`, which validation refuses without a controller) are dropped, so every check it
+/// keeps measures a number, and the load's own checks still catch the round robin. Before, those checks
+/// stayed and missed on "no closed period to judge" (NaN), a miss that says nothing of the scheduler.
+#[test]
+fn without_the_controller_no_check_reads_a_tally_that_is_not_there() {
+    let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/pshift-exp3-limits-small.toml");
+    let sc = Scenario::load(&f).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&f).unwrap();
+    let tally = text.matches("count = \"servers\"").count();
+    assert!(tally > 0, "the file has checks of the controller's tally");
+    let wrong = Sabotage::NoController.apply(&sc).unwrap();
+    assert_eq!(wrong.expect().len(), sc.expect().len() - tally);
+    let (_, results) = run_and_check(&wrong, &mut |_| {}).unwrap();
+    assert_eq!(results.len(), wrong.expect().len());
+    for c in &results {
+        assert!(!c.measured.is_nan(), "{}", c.description);
+    }
+    assert!(results.iter().any(|c| !c.ok), "round robin misses the load's own checks");
+}
+
 /// scenarios in [`BASELINES`] are the ones no sabotage applies to.
 #[test]
 fn checks_fail_under_a_wrong_scheduler() {

@@ -8,6 +8,7 @@
 //! is a setting the scenario files can already express (a scheduler, PARDA on or off, a pShift controller
 //! on or off, the §III-C approximation), applied after validation.
 
+use crate::model::expect::Subject;
 use crate::model::Scenario;
 use rein_core::SchedulerKind;
 use std::sync::Arc;
@@ -23,7 +24,9 @@ pub enum Sabotage {
     NoDeltaRho,
     /// PARDA hosts keep a fixed window (`[parda] enabled = false`): no latency control.
     FixedWindow,
-    /// pShift without its controller: the servers run plain round robin (no tokens at all).
+    /// pShift without its controller: the servers run plain round robin (no tokens at all). Checks of
+    /// the controller's tally (`count = "servers"`) are dropped: without a controller there is none to
+    /// read, and validation refuses them then (they would miss on "no closed period", proving nothing).
     NoController,
     /// pShift's controller without token shifting: each interval's allocation is Algorithm 3's initial
     /// prudent one (the §III-C approximation with M = 0 buckets shifting), a naive split by demand.
@@ -89,6 +92,7 @@ impl Sabotage {
                 let ps = Arc::make_mut(ps);
                 if self == Sabotage::NoController {
                     ps.controller = false;
+                    s.expect.retain(|e| !matches!(e.subject, Subject::Periods { at_servers: true, .. }));
                 } else {
                     ps.approx_top = Some(0);
                 }

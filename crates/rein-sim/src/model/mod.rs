@@ -290,7 +290,7 @@ pub enum NameError {
 /// the copies made from a valid one that keep all this: [`Scenario::with_seed`] (which draws the buckets
 /// again), [`Scenario::with_scheduler`], [`Scenario::with_scheduler_named`], [`Scenario::without_parda`],
 /// [`Scenario::part`] and [`crate::check::Sabotage::apply`] (whose copy keeps the checks of the scenario it
-/// weakens: they are what it is run against). Its fields are private to this crate: other crates read them
+/// weakens: they are what it is run against; but for the controller's tally, which `no-controller` drops). Its fields are private to this crate: other crates read them
 /// through the methods of the same names ([`Scenario::tenants`], [`Scenario::servers`], ...), so none can
 /// edit a valid scenario into one the run would trip on; a variant is a changed [`ScenarioFile`], validated.
 ///
