@@ -1855,7 +1855,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     let tenant_of = |name: &str| tenants.iter().find(|t| t.name == name).expect("a volume's tenant is configured");
     // The node exports running volumes hold, with the layout they hold them by (module comment, "Reload").
     let nodes = &plan.nodes;
-    let mut held: HashMap<(NodeAddress, String), (String, Stripe, usize)> = HashMap::new();
+    let mut held: HeldExports = HashMap::new();
     {
         let mut hold = |cfg: &GatewayVolume, how: &str| {
             for (j, n) in nodes.iter().enumerate().filter(|&(j, _)| cfg.stripe.uses(j)) {
@@ -1871,19 +1871,6 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
             hold(cfg, "removed earlier, with connections still open");
         }
     }
-    let clash = |v: &GatewayVolume| -> Option<String> {
-        nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)).find_map(|(j, n)| {
-            let (who, stripe, at) = held.get(&(n.address.clone(), v.node_exports[j].clone()))?;
-            (!stripe.same_layout(&v.stripe) || *at != j).then(|| {
-                format!(
-                    "export {}: node {}'s export {:?} at {} is held by {who} with another layout: two layouts on \
-                     one node export would overwrite each other's data; remove that export first, and add this \
-                     one once its connections have closed",
-                    v.name, n.name, v.node_exports[j], n.address
-                )
-            })
-        })
-    };
     // Volumes: in the new file's order; a kept volume whose layout changed stays as it runs. New ones
     // (`None` here) open together once every one has passed the layout check.
     let mut volumes: Vec<Option<LiveVolume>> = Vec::new();
@@ -1961,7 +1948,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                 }
             }
             None => {
-                if let Some(e) = clash(v) {
+                if let Some(e) = held_clash(nodes, &held, v) {
                     return Err(e);
                 }
                 let (id, qos) = live.volume_qos(tenant_of(tname), nodes.len());
@@ -2140,6 +2127,26 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         ));
     }
     Ok(r)
+}
+
+/// The node exports running volumes hold, by node address and node export: who holds it (for the
+/// refusal), by which layout, at which place.
+type HeldExports = HashMap<(NodeAddress, String), (String, Stripe, usize)>;
+
+/// Why volume `v`, which a reload adds over `nodes` (by place), cannot open: one of its node exports is
+/// `held` by a volume with another layout (module comment, "Reload"), if one is.
+fn held_clash(nodes: &[NodeSpec], held: &HeldExports, v: &GatewayVolume) -> Option<String> {
+    nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)).find_map(|(j, n)| {
+        let (who, stripe, at) = held.get(&(n.address.clone(), v.node_exports[j].clone()))?;
+        (!stripe.same_layout(&v.stripe) || *at != j).then(|| {
+            format!(
+                "export {}: node {}'s export {:?} at {} is held by {who} with another layout: two layouts on \
+                 one node export would overwrite each other's data; remove that export first, and add this \
+                 one once its connections have closed",
+                v.name, n.name, v.node_exports[j], n.address
+            )
+        })
+    })
 }
 
 /// `[node_tls]` as a reload replaces it (module `tls`, "Reload"): the new context is set in the gateway's
@@ -3530,5 +3537,86 @@ mod tests {
         assert_ne!(a, b, "a new key is a change");
         assert_eq!(a, a2, "the same key is none");
         assert!(!a.contains(&"11".repeat(16)) && a.contains("fingerprint"), "{a}");
+    }
+
+    /// A reload's refusals say what they said while the reload returned `String`s, whole: a volume added
+    /// whose nodes the file lists out of order, the places past [`MAX_NODES`], two nodes trading
+    /// addresses (these through `apply_reload` itself, which refuses each before any connection); a
+    /// node moved onto a removed node still in use, and a node export held by another layout.
+    #[tokio::test]
+    async fn a_reload_refusal_says_what_it_said() {
+        let parse = |text: &str| GatewayConfig::parse(text, Path::new("gw.toml")).unwrap();
+        let nodes = |list: &[(&str, &str)]| {
+            list.iter().map(|(n, a)| format!("[[nodes]]\nname = \"{n}\"\naddress = \"{a}\"\n")).collect::<String>()
+        };
+        let running = parse(&format!(
+            "{}[[exports]]\nname = \"v\"\nsize_mb = 1\n",
+            nodes(&[("s1", "127.0.0.1:1"), ("s2", "127.0.0.1:2")])
+        ));
+        let refusal = |file: GatewayConfig| {
+            let running = running.clone();
+            async move { apply_reload(&mut Live::new(&running), &file).await.expect_err("refused").to_string() }
+        };
+        let misordered = parse(&format!(
+            "{}[[exports]]\nname = \"d\"\nsize_mb = 1\n",
+            nodes(&[("s2", "127.0.0.1:2"), ("s1", "127.0.0.1:1")])
+        ));
+        assert_eq!(
+            refusal(misordered).await,
+            "export d: gw.toml lists its nodes as s2, s1, the gateway runs them as s1, s2: a restart would lay its \
+             data out in the file's order, which is another layout; list the nodes it runs in their order, new ones \
+             after them"
+        );
+        let many: Vec<(String, String)> =
+            (0..MAX_NODES - 1).map(|i| (format!("n{i}"), format!("127.0.1.{}:{}", i % 250 + 1, i + 1))).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
+        let too_many =
+            parse(&format!("{}[[exports]]\nname = \"v\"\nsize_mb = 1\nwidths = {{ n0 = 1 }}\n", nodes(&many)));
+        assert_eq!(
+            refusal(too_many).await,
+            "[[nodes]]: 255 nodes new to this gateway would make 257 places, past the 256 a gateway keeps over its \
+             run (0 of them for nodes removed since it started): restart it to add them"
+        );
+        let swapped = parse(&format!(
+            "{}[[exports]]\nname = \"v\"\nsize_mb = 1\n",
+            nodes(&[("s1", "127.0.0.1:2"), ("s2", "127.0.0.1:1")])
+        ));
+        assert_eq!(
+            refusal(swapped).await,
+            "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
+        );
+        // s2 removed, a volume still on it: s1 cannot take its address (by place, s2 keeps its running spec).
+        let moved = parse(&format!(
+            "{}[[exports]]\nname = \"v\"\nsize_mb = 1\n",
+            nodes(&[("s1", "127.0.0.1:2"), ("s2", "127.0.0.1:3")])
+        ));
+        let onto_s2 = vec![moved.nodes[0].clone(), running.nodes[1].clone()];
+        let e = NodeMoves::clash(&running.nodes, &onto_s2, |j| (j == 1).then_some(true)).unwrap();
+        assert_eq!(
+            e.to_string(),
+            "node s1 cannot move to 127.0.0.1:2: node s2 is there now: gw.toml no longer names it, but a volume \
+             still uses it (one this reload removes, or one removed earlier that VMs hold: /api/nodes); move s1 in \
+             a later reload, once none does"
+        );
+        // w on v's node export of s1, with another layout (v over s1 and s2, w over s1 alone; one file
+        // refuses two volumes on one node export, so each comes from its own).
+        let two = nodes(&[("s1", "127.0.0.1:1"), ("s2", "127.0.0.1:2")]);
+        let file = parse(&format!("{two}[[exports]]\nname = \"v\"\nsize_mb = 1\nnode_export = \"x\"\n"));
+        let other = parse(&format!(
+            "{two}[[exports]]\nname = \"w\"\nsize_mb = 1\nwidths = {{ s1 = 1 }}\nnode_export = \"x\"\n"
+        ));
+        let (v, w) = (&file.exports[0], &other.exports[0]);
+        let mut held: HeldExports = HashMap::new();
+        held.insert(
+            (file.nodes[0].address.clone(), v.node_exports[0].clone()),
+            ("export v (as it runs)".to_string(), v.stripe.clone(), 0),
+        );
+        assert_eq!(held_clash(&file.nodes, &held, v), None, "its own layout");
+        assert_eq!(
+            held_clash(&file.nodes, &held, w).expect("held").to_string(),
+            "export w: node s1's export \"x\" at 127.0.0.1:1 is held by export v (as it runs) with another layout: \
+             two layouts on one node export would overwrite each other's data; remove that export first, and add \
+             this one once its connections have closed"
+        );
     }
 }
