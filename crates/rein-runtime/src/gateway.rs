@@ -1601,6 +1601,181 @@ async fn open_remotes<'a>(
     Ok(opened.into_iter().map(|(_, o)| o).collect())
 }
 
+/// Why a reload is refused ([`apply_reload`], module comment "Reload"): nothing changed, the running
+/// configuration goes on. Its text, logged and given as the service manager's status
+/// ([`crate::reloads::reload_refused`]), names what to change.
+#[derive(Debug, thiserror::Error)]
+enum ReloadError {
+    /// The file's nodes new to the gateway would take the places past [`MAX_NODES`] ([`NodePlan::new`]).
+    #[error(
+        "[[nodes]]: {} new to this gateway would make {places} places, past the {max} a gateway keeps over its run \
+         ({gone} of them for nodes removed since it started): restart it to add them",
+        Count(*added, "node")
+    )]
+    TooManyPlaces {
+        /// The nodes the file names that the gateway has not run.
+        added: usize,
+        /// The places they would make, with the running ones.
+        places: usize,
+        /// The most a gateway keeps ([`MAX_NODES`]).
+        max: usize,
+        /// The places of nodes removed since the start (kept, as every place is).
+        gone: usize,
+    },
+    /// A volume the reload adds lists its nodes in another order than the gateway runs them
+    /// ([`NodePlan::misordered`]): a restart would lay it out otherwise.
+    #[error("{0}; list the nodes it runs in their order, new ones after them")]
+    Misordered(Misordered),
+    /// A node export of a volume the reload adds is held by a volume with another layout ([`held_clash`]).
+    #[error("{0}")]
+    NodeExportHeld(Box<HeldExport>),
+    /// A node moved to the address a running node is at ([`NodeMoves::clash`]).
+    #[error(
+        "node {node} cannot move to {to}: node {there} is there now (move {there} away first, in a reload of its own)"
+    )]
+    MoveOntoNode {
+        /// The node moved.
+        node: String,
+        /// Its new address.
+        to: NodeAddress,
+        /// The node at that address.
+        there: String,
+    },
+    /// A node moved to the address of a node the file no longer names that a volume still uses
+    /// ([`NodeMoves::clash`]).
+    #[error(
+        "node {node} cannot move to {to}: node {there} is there now: gw.toml no longer names it, but a volume still \
+         uses it (one this reload removes, or one removed earlier that VMs hold: /api/nodes); move {node} in a later \
+         reload, once none does"
+    )]
+    MoveOntoRemovedNode {
+        /// The node moved.
+        node: String,
+        /// Its new address.
+        to: NodeAddress,
+        /// The removed node at that address.
+        there: String,
+    },
+    /// Nodes whose place or settings the reload changes answered there and refused the link
+    /// ([`NodeMoves::try_places`]): every one, in the nodes' order.
+    #[error("{}", NodeRefusal::list(.0))]
+    NodesRefuse(Vec<NodeRefusal>),
+    /// A volume the reload adds cannot open (a node answers wrongly), as at start.
+    #[error(transparent)]
+    Open(Box<GatewayError>),
+}
+
+impl From<GatewayError> for ReloadError {
+    fn from(e: GatewayError) -> ReloadError {
+        ReloadError::Open(Box::new(e))
+    }
+}
+
+/// A node export that a volume a reload adds would share with a volume of another layout
+/// ([`ReloadError::NodeExportHeld`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "export {export}: node {node}'s export {node_export:?} at {address} is held by export {holder} ({held}) with \
+     another layout: two layouts on one node export would overwrite each other's data; remove that export first, \
+     and add this one once its connections have closed"
+)]
+struct HeldExport {
+    /// The volume added.
+    export: String,
+    /// The node.
+    node: String,
+    /// The node export both use.
+    node_export: String,
+    /// The node's address.
+    address: NodeAddress,
+    /// The volume that holds it.
+    holder: String,
+    /// How that volume holds it.
+    held: Held,
+}
+
+/// An export whose nodes the reload's file lists in another order than the gateway runs them
+/// ([`NodePlan::misordered`]); its text is the refusal's or the warning's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Misordered {
+    /// The export.
+    export: String,
+    /// Its nodes as the file lists them.
+    in_file: Vec<String>,
+    /// Its nodes in the order the gateway runs them (of their places).
+    by_place: Vec<String>,
+}
+
+impl std::fmt::Display for Misordered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "export {}: gw.toml lists its nodes as {}, the gateway runs them as {}: a restart would lay its data out \
+             in the file's order, which is another layout",
+            self.export,
+            self.in_file.join(", "),
+            self.by_place.join(", ")
+        )
+    }
+}
+
+/// How a volume holds its node exports during a reload ([`ReloadError::NodeExportHeld`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// A volume the reload keeps, as it runs.
+    Running,
+    /// A volume this reload removes, whose connections may be open.
+    RemovedNow,
+    /// A volume an earlier reload removed, with connections still open.
+    RemovedEarlier,
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Held::Running => "as it runs",
+            Held::RemovedNow => "which this reload removes; its connections may be open",
+            Held::RemovedEarlier => "removed earlier, with connections still open",
+        })
+    }
+}
+
+/// A node that answered at the place a reload sets and refused the link ([`NodeMoves::try_places`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeRefusal {
+    /// The node.
+    node: String,
+    /// Its new address.
+    address: NodeAddress,
+    /// The protocol the link speaks there.
+    protocol: crate::remote::NodeProtocol,
+    /// Whether the link is TLS there.
+    tls: bool,
+    /// Why the node refused it.
+    why: String,
+}
+
+impl NodeRefusal {
+    /// `refusals` one after another, as the reload's error says them.
+    fn list(refusals: &[NodeRefusal]) -> String {
+        refusals.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    }
+}
+
+impl std::fmt::Display for NodeRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node {}: the node at {} refuses the link as this reload sets it (protocol {}, TLS {}): {}",
+            self.node,
+            self.address,
+            self.protocol.name(),
+            if self.tls { "on" } else { "off" },
+            self.why
+        )
+    }
+}
+
 /// How a reload's `[[nodes]]` land on the places the gateway runs its nodes in (module comment,
 /// "Reload"). A place is an index in the running list, which every running volume's layout, node links
 /// and tenant trackers use, so a node keeps its place for the gateway's run: the file's node of a
@@ -1639,7 +1814,7 @@ impl NodePlan {
         file: &[NodeSpec],
         cell: Option<&crate::tls::LiveTlsClient>,
         kept_use: impl Fn(usize) -> Option<String>,
-    ) -> Result<NodePlan, String> {
+    ) -> Result<NodePlan, ReloadError> {
         let at: HashMap<&str, usize> = running.iter().enumerate().map(|(j, n)| (n.name.as_str(), j)).collect();
         let mut plan = NodePlan {
             place: Vec::with_capacity(file.len()),
@@ -1674,13 +1849,12 @@ impl NodePlan {
             }
         }
         if plan.nodes.len() > MAX_NODES {
-            return Err(format!(
-                "[[nodes]]: {} new to this gateway would make {} places, past the {MAX_NODES} a gateway keeps over \
-                 its run ({} of them for nodes removed since it started): restart it to add them",
-                Count(plan.nodes.len() - running.len(), "node"),
-                plan.nodes.len(),
-                gone.len()
-            ));
+            return Err(ReloadError::TooManyPlaces {
+                added: plan.nodes.len() - running.len(),
+                places: plan.nodes.len(),
+                max: MAX_NODES,
+                gone: gone.len(),
+            });
         }
         let named: std::collections::HashSet<usize> = plan.place.iter().copied().collect();
         for (j, n) in running.iter().enumerate().filter(|&(j, _)| !named.contains(&j) && !gone.contains(&j)) {
@@ -1697,8 +1871,8 @@ impl NodePlan {
 
     /// The file's exports whose nodes the file lists in another order than their places: (export, what
     /// the reload says of it, the places of its nodes in order).
-    fn misordered<'a>(&self, file: &'a GatewayConfig) -> Vec<(&'a str, String, Vec<usize>)> {
-        let names = |js: &[usize]| js.iter().map(|&i| file.nodes[i].name.as_str()).collect::<Vec<_>>().join(", ");
+    fn misordered<'a>(&self, file: &'a GatewayConfig) -> Vec<(&'a str, Misordered, Vec<usize>)> {
+        let names = |js: &[usize]| js.iter().map(|&i| file.nodes[i].name.clone()).collect();
         file.exports
             .iter()
             .filter(|v| v.stripe.placed(&self.place, self.next.len()).is_none())
@@ -1706,13 +1880,7 @@ impl NodePlan {
                 let in_file: Vec<usize> = (0..file.nodes.len()).filter(|&i| v.stripe.uses(i)).collect();
                 let mut by_place = in_file.clone();
                 by_place.sort_by_key(|&i| self.place[i]);
-                let what = format!(
-                    "export {}: gw.toml lists its nodes as {}, the gateway runs them as {}: a restart would lay its \
-                     data out in the file's order, which is another layout",
-                    v.name,
-                    names(&in_file),
-                    names(&by_place)
-                );
+                let what = Misordered { export: v.name.clone(), in_file: names(&in_file), by_place: names(&by_place) };
                 (v.name.as_str(), what, by_place.iter().map(|&i| self.place[i]).collect())
             })
             .collect()
@@ -1756,7 +1924,7 @@ fn same_server_reservations(a: &[f64], b: &[f64]) -> bool {
 /// re-listed with new access lists; tenants' specs restated to their nodes; the rest named as needing a
 /// restart. Opening a new volume can fail (a node answers wrongly): then nothing changes and the error is
 /// returned.
-async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadReport, String> {
+async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadReport, ReloadError> {
     let mut r = ReloadReport::default();
     // The file's nodes in the places the gateway runs them (`NodePlan`); from here on `new` is the file
     // by place.
@@ -1774,7 +1942,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     };
     for (v, what, places) in plan.misordered(file) {
         let Some(running) = live.volumes.iter().find(|o| o.cfg.name == v) else {
-            return Err(format!("{what}; list the nodes it runs in their order, new ones after them"));
+            return Err(ReloadError::Misordered(what));
         };
         // A running volume over the same nodes, reordered: warned of (its data would scramble at a
         // restart). Over other nodes (one renamed, say) its layout changed anyway: named below.
@@ -1857,18 +2025,18 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     let nodes = &plan.nodes;
     let mut held: HeldExports = HashMap::new();
     {
-        let mut hold = |cfg: &GatewayVolume, how: &str| {
+        let mut hold = |cfg: &GatewayVolume, how: Held| {
             for (j, n) in nodes.iter().enumerate().filter(|&(j, _)| cfg.stripe.uses(j)) {
                 let key = (n.address.clone(), cfg.node_exports[j].clone());
-                held.entry(key).or_insert_with(|| (format!("export {} ({how})", cfg.name), cfg.stripe.clone(), j));
+                held.entry(key).or_insert_with(|| (cfg.name.clone(), how, cfg.stripe.clone(), j));
             }
         };
         for o in &live.volumes {
             let kept = new.exports.iter().any(|v| v.name == o.cfg.name);
-            hold(&o.cfg, if kept { "as it runs" } else { "which this reload removes; its connections may be open" });
+            hold(&o.cfg, if kept { Held::Running } else { Held::RemovedNow });
         }
         for (cfg, _) in &live.retired {
-            hold(cfg, "removed earlier, with connections still open");
+            hold(cfg, Held::RemovedEarlier);
         }
     }
     // Volumes: in the new file's order; a kept volume whose layout changed stays as it runs. New ones
@@ -1988,10 +2156,10 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         );
     }
     // What was opened is dropped on an error: its connections close, and nothing changed.
-    let opened = open_remotes(nodes, live.base.link, to_open).await.map_err(|e| e.to_string())?;
+    let opened = open_remotes(nodes, live.base.link, to_open).await?;
     let mut slots = volumes.iter_mut().filter(|v| v.is_none());
     for (v, id, volume) in opened {
-        let lv = live.make(v, tenant_of(&new.tenants[v.tenant].name), id, volume).await.map_err(|e| e.to_string())?;
+        let lv = live.make(v, tenant_of(&new.tenants[v.tenant].name), id, volume).await?;
         r.applied.push(format!("export {} added", v.name));
         *slots.next().expect("a slot for each new volume") = Some(lv);
     }
@@ -2129,22 +2297,24 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     Ok(r)
 }
 
-/// The node exports running volumes hold, by node address and node export: who holds it (for the
-/// refusal), by which layout, at which place.
-type HeldExports = HashMap<(NodeAddress, String), (String, Stripe, usize)>;
+/// The node exports running volumes hold, by node address and node export: the volume that holds it and
+/// how (for the refusal), by which layout, at which place.
+type HeldExports = HashMap<(NodeAddress, String), (String, Held, Stripe, usize)>;
 
 /// Why volume `v`, which a reload adds over `nodes` (by place), cannot open: one of its node exports is
 /// `held` by a volume with another layout (module comment, "Reload"), if one is.
-fn held_clash(nodes: &[NodeSpec], held: &HeldExports, v: &GatewayVolume) -> Option<String> {
+fn held_clash(nodes: &[NodeSpec], held: &HeldExports, v: &GatewayVolume) -> Option<ReloadError> {
     nodes.iter().enumerate().filter(|&(j, _)| v.stripe.uses(j)).find_map(|(j, n)| {
-        let (who, stripe, at) = held.get(&(n.address.clone(), v.node_exports[j].clone()))?;
+        let (holder, how, stripe, at) = held.get(&(n.address.clone(), v.node_exports[j].clone()))?;
         (!stripe.same_layout(&v.stripe) || *at != j).then(|| {
-            format!(
-                "export {}: node {}'s export {:?} at {} is held by {who} with another layout: two layouts on \
-                 one node export would overwrite each other's data; remove that export first, and add this \
-                 one once its connections have closed",
-                v.name, n.name, v.node_exports[j], n.address
-            )
+            ReloadError::NodeExportHeld(Box::new(HeldExport {
+                export: v.name.clone(),
+                node: n.name.clone(),
+                node_export: v.node_exports[j].clone(),
+                address: n.address.clone(),
+                holder: holder.clone(),
+                held: *how,
+            }))
         })
     })
 }
@@ -2236,7 +2406,7 @@ impl NodeMoves {
     /// the node at place `j` was removed, and if so whether volumes still use it: one that none uses is
     /// nowhere. (A node added at a running node's address is no such case: it has no sessions yet, and
     /// the volumes' layouts are checked by node export, as two nodes at one address are at start.)
-    fn clash(running: &[NodeSpec], new: &[NodeSpec], removed: impl Fn(usize) -> Option<bool>) -> Option<String> {
+    fn clash(running: &[NodeSpec], new: &[NodeSpec], removed: impl Fn(usize) -> Option<bool>) -> Option<ReloadError> {
         if !same_nodes(running, new) {
             return None;
         }
@@ -2247,16 +2417,10 @@ impl NodeMoves {
                 return None;
             }
             let j = (0..now.len()).find(|&j| now[j] == to && removed(j) != Some(false))?;
-            let there = &running[j].name;
-            let what = format!("node {} cannot move to {to}", n.name);
+            let (node, there) = (n.name.clone(), running[j].name.clone());
             Some(match removed(j) {
-                Some(_) => format!(
-                    "{what}: node {there} is there now: gw.toml no longer names it, but a volume still uses it (one \
-                     this reload removes, or one removed earlier that VMs hold: /api/nodes); move {} in a later \
-                     reload, once none does",
-                    n.name
-                ),
-                None => format!("{what}: node {there} is there now (move {there} away first, in a reload of its own)"),
+                Some(_) => ReloadError::MoveOntoRemovedNode { node, to, there },
+                None => ReloadError::MoveOntoNode { node, to, there },
             })
         })
     }
@@ -2279,7 +2443,7 @@ impl NodeMoves {
         running_at: impl Fn(usize) -> Option<Arc<RemoteVolume>>,
         export_at: impl Fn(usize) -> Option<String>,
         connect_timeout: Duration,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, ReloadError> {
         use crate::remote::Tried;
         let tries: Vec<_> = self
             .to
@@ -2303,10 +2467,13 @@ impl NodeMoves {
                             "warning: node {name}: not reached at {address} (protocol {protocol}, {tls}): {why}; not \
                              tried: its sessions reconnect with the new settings once it answers"
                         ))),
-                        Tried::Refused(why) => Err(format!(
-                            "node {name}: the node at {address} refuses the link as this reload sets it (protocol \
-                             {protocol}, {tls}): {why}"
-                        )),
+                        Tried::Refused(why) => Err(NodeRefusal {
+                            node: name.clone(),
+                            address: address.clone(),
+                            protocol: place.protocol,
+                            tls: place.tls.is_some(),
+                            why,
+                        }),
                     }
                 })
             })
@@ -2322,7 +2489,7 @@ impl NodeMoves {
         if refused.is_empty() {
             Ok(unreached)
         } else {
-            Err(refused.join("; "))
+            Err(ReloadError::NodesRefuse(refused))
         }
     }
 
@@ -2625,7 +2792,7 @@ pub async fn run_with(
 }
 
 /// A reload in progress: it gives the running state back with what it did.
-type Reloading = std::pin::Pin<Box<dyn Future<Output = (Live, Result<ReloadReport, String>)> + Send>>;
+type Reloading = std::pin::Pin<Box<dyn Future<Output = (Live, Result<ReloadReport, ReloadError>)> + Send>>;
 
 /// The volumes `/metrics` and `/api/nodes` show (replaced whole by a reload).
 type Shown = Arc<std::sync::RwLock<ShownVolumes>>;
@@ -3065,7 +3232,7 @@ mod tests {
         let pair = two("127.0.0.1:1", "127.0.0.1:2");
         let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1"), |_| None).unwrap();
         assert_eq!(
-            e,
+            e.to_string(),
             "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
         );
         assert!(NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2"), |_| None).is_none(), "to a free address");
@@ -3074,7 +3241,7 @@ mod tests {
         // (By place, a removed node's place holds its running spec.)
         let onto_s2 = vec![two("127.0.0.1:2", "127.0.0.1:3")[0].clone(), pair[1].clone()];
         let e = NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(true)).unwrap();
-        assert!(e.contains("node s2 is there now: gw.toml no longer names it, but a volume still uses it"), "{e}");
+        assert!(e.to_string().contains("node s2 is there now: gw.toml no longer names it, but a volume still uses it"));
         assert!(NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(false)).is_none());
         assert_eq!(at(&link), ("127.0.0.2:3".into(), "s1.example".into()));
     }
@@ -3114,7 +3281,7 @@ mod tests {
         // u lists s4 before s3, whose place comes first: another layout.
         let misordered = plan.misordered(&file);
         assert_eq!((misordered.len(), misordered[0].0, &misordered[0].2), (1, "u", &vec![2, 3]));
-        assert!(misordered[0].1.contains("lists its nodes as s4, s3, the gateway runs them as s3, s4"));
+        assert!(misordered[0].1.to_string().contains("lists its nodes as s4, s3, the gateway runs them as s3, s4"));
         let c = plan.by_place(&file);
         assert_eq!(c.exports[0].stripe.widths(), &[1, 0, 0, 2]);
         assert!(c.exports[0].stripe.same_layout(&file.exports[0].stripe.placed(&[0, 3, 2], 4).unwrap()));
@@ -3153,7 +3320,7 @@ mod tests {
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let file = config(&many, "[[exports]]\nname = \"v\"\nsize_mb = 1\nwidths = { n0 = 1 }\n");
         let e = NodePlan::new(&running, &none, &file.nodes, None, |_| None).err().unwrap();
-        assert!(e.contains("254 nodes new to this gateway would make 257 places, past the 256"), "{e}");
+        assert!(e.to_string().contains("254 nodes new to this gateway would make 257 places, past the 256"), "{e}");
     }
 
     /// A reload that changes a node's protocol or turns TLS on its link on or off changes it live, as a
@@ -3609,14 +3776,141 @@ mod tests {
         let mut held: HeldExports = HashMap::new();
         held.insert(
             (file.nodes[0].address.clone(), v.node_exports[0].clone()),
-            ("export v (as it runs)".to_string(), v.stripe.clone(), 0),
+            ("v".to_string(), Held::Running, v.stripe.clone(), 0),
         );
-        assert_eq!(held_clash(&file.nodes, &held, v), None, "its own layout");
+        assert!(held_clash(&file.nodes, &held, v).is_none(), "its own layout");
         assert_eq!(
             held_clash(&file.nodes, &held, w).expect("held").to_string(),
             "export w: node s1's export \"x\" at 127.0.0.1:1 is held by export v (as it runs) with another layout: \
              two layouts on one node export would overwrite each other's data; remove that export first, and add \
              this one once its connections have closed"
         );
+    }
+
+    /// A reload's refusal is typed (`ReloadError`): each kind is its own variant with what it names, and
+    /// its text is the one the reload said as a `String` (`a_reload_refusal_says_what_it_said` pins those
+    /// through `apply_reload`; here the variants' own).
+    #[tokio::test]
+    async fn a_reload_refusal_is_typed() {
+        let parse = |text: &str| GatewayConfig::parse(text, Path::new("gw.toml")).unwrap();
+        let nodes = |list: &[(&str, &str)]| {
+            list.iter().map(|(n, a)| format!("[[nodes]]\nname = \"{n}\"\naddress = \"{a}\"\n")).collect::<String>()
+        };
+        let volume = "[[exports]]\nname = \"v\"\nsize_mb = 1\n";
+        let running = parse(&format!("{}{volume}", nodes(&[("s1", "127.0.0.1:1"), ("s2", "127.0.0.1:2")])));
+        let refusal = |file: GatewayConfig| {
+            let running = running.clone();
+            async move { apply_reload(&mut Live::new(&running), &file).await.expect_err("refused") }
+        };
+        let addr = |a: &str| NodeAddress::Tcp(a.parse().unwrap());
+        // Out of order.
+        let file = format!(
+            "{}[[exports]]\nname = \"d\"\nsize_mb = 1\n",
+            nodes(&[("s2", "127.0.0.1:2"), ("s1", "127.0.0.1:1")])
+        );
+        let e = refusal(parse(&file)).await;
+        assert!(
+            matches!(&e, ReloadError::Misordered(m) if m.export == "d" && m.in_file == ["s2", "s1"] && m.by_place == ["s1", "s2"]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "export d: gw.toml lists its nodes as s2, s1, the gateway runs them as s1, s2: a restart would lay its \
+             data out in the file's order, which is another layout; list the nodes it runs in their order, new ones \
+             after them"
+        );
+        // Past the places.
+        let many: Vec<(String, String)> =
+            (0..MAX_NODES - 1).map(|i| (format!("n{i}"), format!("127.0.1.{}:{}", i % 250 + 1, i + 1))).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
+        let e = refusal(parse(&format!("{}{volume}widths = {{ n0 = 1 }}\n", nodes(&many)))).await;
+        assert!(matches!(e, ReloadError::TooManyPlaces { added: 255, places: 257, max: MAX_NODES, gone: 0 }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "[[nodes]]: 255 nodes new to this gateway would make 257 places, past the 256 a gateway keeps over its \
+             run (0 of them for nodes removed since it started): restart it to add them"
+        );
+        // Two nodes trading addresses.
+        let e = refusal(parse(&format!("{}{volume}", nodes(&[("s1", "127.0.0.1:2"), ("s2", "127.0.0.1:1")])))).await;
+        assert!(
+            matches!(&e, ReloadError::MoveOntoNode { node, to, there } if node == "s1" && *to == addr("127.0.0.1:2") && there == "s2"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
+        );
+        // Onto a removed node still in use.
+        let moved = parse(&format!("{}{volume}", nodes(&[("s1", "127.0.0.1:2"), ("s2", "127.0.0.1:3")])));
+        let onto_s2 = vec![moved.nodes[0].clone(), running.nodes[1].clone()];
+        let e = NodeMoves::clash(&running.nodes, &onto_s2, |j| (j == 1).then_some(true)).expect("refused");
+        assert!(
+            matches!(&e, ReloadError::MoveOntoRemovedNode { node, to, there } if node == "s1" && *to == addr("127.0.0.1:2") && there == "s2"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "node s1 cannot move to 127.0.0.1:2: node s2 is there now: gw.toml no longer names it, but a volume \
+             still uses it (one this reload removes, or one removed earlier that VMs hold: /api/nodes); move s1 in \
+             a later reload, once none does"
+        );
+        // A node export held with another layout, however it is held.
+        let two = nodes(&[("s1", "127.0.0.1:1"), ("s2", "127.0.0.1:2")]);
+        let v = parse(&format!("{two}{volume}node_export = \"x\"\n")).exports.remove(0);
+        let w = parse(&format!(
+            "{two}[[exports]]\nname = \"w\"\nsize_mb = 1\nwidths = {{ s1 = 1 }}\nnode_export = \"x\"\n"
+        ))
+        .exports
+        .remove(0);
+        for (held, how) in [
+            (Held::Running, "as it runs"),
+            (Held::RemovedNow, "which this reload removes; its connections may be open"),
+            (Held::RemovedEarlier, "removed earlier, with connections still open"),
+        ] {
+            let map: HeldExports =
+                HashMap::from([((addr("127.0.0.1:1"), "x".to_string()), ("v".to_string(), held, v.stripe.clone(), 0))]);
+            let e = held_clash(&running.nodes, &map, &w).expect("held");
+            let want = HeldExport {
+                export: "w".into(),
+                node: "s1".into(),
+                node_export: "x".into(),
+                address: addr("127.0.0.1:1"),
+                holder: "v".into(),
+                held,
+            };
+            assert!(matches!(&e, ReloadError::NodeExportHeld(h) if **h == want), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "export w: node s1's export \"x\" at 127.0.0.1:1 is held by export v ({how}) with another layout: \
+                     two layouts on one node export would overwrite each other's data; remove that export first, and \
+                     add this one once its connections have closed"
+                )
+            );
+        }
+        // Nodes that refuse the link as the reload sets it: every one, in order.
+        let refused = |node: &str, address: &str, protocol, tls, why: &str| NodeRefusal {
+            node: node.into(),
+            address: addr(address),
+            protocol,
+            tls,
+            why: why.into(),
+        };
+        let e = ReloadError::NodesRefuse(vec![
+            refused("s1", "127.0.0.1:1", crate::remote::NodeProtocol::Auto, true, "the node does not offer TLS"),
+            refused("s2", "127.0.0.1:2", crate::remote::NodeProtocol::Rein, false, "refused"),
+        ]);
+        assert_eq!(
+            e.to_string(),
+            "node s1: the node at 127.0.0.1:1 refuses the link as this reload sets it (protocol auto, TLS on): the \
+             node does not offer TLS; node s2: the node at 127.0.0.1:2 refuses the link as this reload sets it \
+             (protocol rein, TLS off): refused"
+        );
+        // A volume that cannot open: the gateway's error, as it says it.
+        let open = GatewayError::Bind { addr: "127.0.0.1:1".parse().unwrap(), source: std::io::Error::other("no") };
+        let text = open.to_string();
+        let e = ReloadError::from(open);
+        assert!(matches!(&e, ReloadError::Open(g) if matches!(**g, GatewayError::Bind { .. })), "{e:?}");
+        assert_eq!(e.to_string(), text);
     }
 }
