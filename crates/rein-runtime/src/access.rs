@@ -219,10 +219,46 @@ const PER_TENANT: usize = 2;
 pub enum Admit {
     /// Serve it; the slot is held until it ends.
     Serve(ClientSlot),
-    /// Greet it and refuse every option with this message (the permit bounds refusals in progress).
-    Refuse(String, OwnedSemaphorePermit),
-    /// Over a cap with too many refusals in progress: close it now (the message is for the log).
-    Close(String),
+    /// Greet it and refuse every option with this reason's text (the permit bounds refusals in progress).
+    Refuse(ConnRefusal, OwnedSemaphorePermit),
+    /// Over a cap with too many refusals in progress: close it now (the reason is for the log).
+    Close(ConnRefusal),
+}
+
+/// Why a new connection is refused at accept ([`ConnLimits::admit`]): the cap it is over, with the cap
+/// and the count. Its text is the message every option is refused with (NBD_REP_ERR_POLICY; nbdinfo
+/// prints it, docs/serve.md quotes it) and the log line's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnRefusal {
+    /// All connections counted reached `max_connections`.
+    #[error("server has reached its maximum of {max} connections (max_connections); try later")]
+    Total {
+        /// The cap (`max_connections`).
+        max: usize,
+        /// The connections counted.
+        open: usize,
+    },
+    /// The client's connections reached `max_connections_per_client`.
+    #[error(
+        "client {} has reached its maximum of {max} connections (max_connections_per_client)",
+        client_name(client)
+    )]
+    PerClient {
+        /// The client ([`client_of`]).
+        client: IpNet,
+        /// The cap (`max_connections_per_client`).
+        max: usize,
+        /// The client's connections counted.
+        open: usize,
+    },
+}
+
+/// A client ([`client_of`]) as a refusal names it: an IPv4 client by its address, an IPv6 one as its /64.
+fn client_name(client: &IpNet) -> String {
+    match client {
+        IpNet::V4(v4) => v4.addr().to_string(),
+        IpNet::V6(_) => client.to_string(),
+    }
 }
 
 /// Takes one connection off `key`'s count; a count that reaches 0 leaves the map (so the maps hold only
@@ -332,20 +368,10 @@ impl ConnLimits {
             let from_client = c.per_client.get(&client).copied().unwrap_or(0);
             if c.total >= self.caps.total {
                 self.refused[TOTAL].fetch_add(1, Relaxed);
-                format!(
-                    "server has reached its maximum of {} connections (max_connections); try later",
-                    self.caps.total
-                )
+                ConnRefusal::Total { max: self.caps.total, open: c.total }
             } else if from_client >= self.caps.per_client {
                 self.refused[PER_CLIENT].fetch_add(1, Relaxed);
-                let who = match client {
-                    IpNet::V4(v4) => v4.addr().to_string(),
-                    IpNet::V6(_) => client.to_string(),
-                };
-                format!(
-                    "client {who} has reached its maximum of {} connections (max_connections_per_client)",
-                    self.caps.per_client
-                )
+                ConnRefusal::PerClient { client, max: self.caps.per_client, open: from_client }
             } else {
                 c.total += 1;
                 *c.per_client.entry(client).or_insert(0) += 1;
@@ -373,7 +399,7 @@ impl ConnLimits {
 
     /// Logs a refused connection (a warning), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line
     /// says how many were not logged. Returns whether it logged.
-    pub fn log_refusal(&self, peer: crate::sock::Peer, why: &str, closed: bool) -> bool {
+    pub fn log_refusal(&self, peer: crate::sock::Peer, why: &ConnRefusal, closed: bool) -> bool {
         let Some(unlogged) = self.refusal_log.due() else { return false };
         let action = if closed { "closing (too many refusals in progress)" } else { "refusing" };
         tracing::warn!(%peer, unlogged, "{action} connection: {why}");
@@ -461,13 +487,16 @@ mod tests {
         let s2 = limits.admit(a);
         assert!(matches!((&s1, &s2), (Admit::Serve(_), Admit::Serve(_))));
         match limits.admit(a) {
-            Admit::Refuse(m, _) => assert!(m.contains("client 127.0.0.2") && m.contains("max_connections_per_client")),
+            Admit::Refuse(m, _) => {
+                let m = m.to_string();
+                assert!(m.contains("client 127.0.0.2") && m.contains("max_connections_per_client"))
+            }
             o => panic!("{o:?}"),
         }
         let s3 = limits.admit(b);
         assert!(matches!(s3, Admit::Serve(_)));
         match limits.admit(b) {
-            Admit::Refuse(m, _) => assert!(m.contains("max_connections)")),
+            Admit::Refuse(m, _) => assert!(m.to_string().contains("max_connections)")),
             o => panic!("{o:?}"),
         }
         drop(s1);
@@ -509,7 +538,7 @@ mod tests {
         assert!(matches!((&s1, &s2), (Admit::Serve(_), Admit::Serve(_))));
         match limits.admit(ip("2001:db8:0:7:abcd::3")) {
             Admit::Refuse(m, _) => {
-                assert!(m.contains("client 2001:db8:0:7::/64 has reached its maximum of 2"), "{m}")
+                assert!(m.to_string().contains("client 2001:db8:0:7::/64 has reached its maximum of 2"), "{m}")
             }
             o => panic!("{o:?}"),
         }
@@ -521,13 +550,111 @@ mod tests {
         let mapped = limits.admit(ip("::ffff:192.0.2.1"));
         assert!(matches!((&v4, &mapped), (Admit::Serve(_), Admit::Serve(_))));
         match limits.admit(ip("192.0.2.1")) {
-            Admit::Refuse(m, _) => assert!(m.contains("client 192.0.2.1 has"), "{m}"),
+            Admit::Refuse(m, _) => assert!(m.to_string().contains("client 192.0.2.1 has"), "{m}"),
             o => panic!("{o:?}"),
         }
         assert!(matches!(limits.admit(ip("192.0.2.2")), Admit::Serve(_)));
         drop((s1, s2));
         assert_eq!(limits.counted(ip("2001:db8:0:7::1")), (3, 0));
         drop((s3, v4, mapped));
+    }
+
+    /// The lines logged by `f` while it runs (a subscriber on this thread only).
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).without_time().finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+        text
+    }
+
+    /// The refusals' exact texts: what the client is told (every option's NBD_REP_ERR_POLICY message, as
+    /// docs/serve.md quotes them) and what the log says, at each cap, refused or closed.
+    #[test]
+    fn refusal_texts() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let limits = ConnLimits::new(ConnCaps { total: 3, per_client: 1, per_tenant: 1 });
+        let v4 = limits.admit(ip("192.0.2.1"));
+        let v6 = limits.admit(ip("2001:db8:0:7::1"));
+        let per_client_v4 = match limits.admit(ip("::ffff:192.0.2.1")) {
+            Admit::Refuse(why, _) => why,
+            o => panic!("{o:?}"),
+        };
+        assert_eq!(
+            per_client_v4.to_string(),
+            "client 192.0.2.1 has reached its maximum of 1 connections (max_connections_per_client)"
+        );
+        let want: IpNet = "192.0.2.1/32".parse().unwrap();
+        assert!(
+            matches!(per_client_v4, ConnRefusal::PerClient { client, max: 1, open: 1 } if client == want),
+            "{per_client_v4:?}"
+        );
+        let per_client_v6 = match limits.admit(ip("2001:db8:0:7::2")) {
+            Admit::Refuse(why, _) => why,
+            o => panic!("{o:?}"),
+        };
+        assert_eq!(
+            per_client_v6.to_string(),
+            "client 2001:db8:0:7::/64 has reached its maximum of 1 connections (max_connections_per_client)"
+        );
+        let want: IpNet = "2001:db8:0:7::/64".parse().unwrap();
+        assert!(
+            matches!(per_client_v6, ConnRefusal::PerClient { client, max: 1, open: 1 } if client == want),
+            "{per_client_v6:?}"
+        );
+        let third = limits.admit(ip("192.0.2.3"));
+        let total = match limits.admit(ip("192.0.2.4")) {
+            Admit::Refuse(why, _) => why,
+            o => panic!("{o:?}"),
+        };
+        assert_eq!(total.to_string(), "server has reached its maximum of 3 connections (max_connections); try later");
+        assert_eq!(total, ConnRefusal::Total { max: 3, open: 3 });
+        // The log lines (each from counters of its own: one line per interval).
+        let peer = crate::sock::Peer::Tcp("192.0.2.4:7".parse().unwrap());
+        let text = logged(|| {
+            assert!(ConnLimits::new(ConnCaps::default()).log_refusal(peer, &total, false));
+            assert!(ConnLimits::new(ConnCaps::default()).log_refusal(peer, &per_client_v6, true));
+        });
+        assert!(
+            text.contains(
+                "refusing connection: server has reached its maximum of 3 connections (max_connections); try later \
+                 peer=192.0.2.4:7 unlogged=0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "closing (too many refusals in progress) connection: client 2001:db8:0:7::/64 has reached its \
+                 maximum of 1 connections (max_connections_per_client) peer=192.0.2.4:7 unlogged=0\n"
+            ),
+            "{text}"
+        );
+        // Closed beyond the refusal bound, with the same reason.
+        let refusing: Vec<Admit> = (0..MAX_REFUSING).map(|_| limits.admit(ip("192.0.2.1"))).collect();
+        match limits.admit(ip("192.0.2.1")) {
+            Admit::Close(why) => {
+                assert_eq!(why, ConnRefusal::Total { max: 3, open: 3 });
+                assert_eq!(
+                    why.to_string(),
+                    "server has reached its maximum of 3 connections (max_connections); try later"
+                )
+            }
+            o => panic!("{o:?}"),
+        }
+        drop((refusing, v4, v6, third));
     }
 
     #[test]
@@ -541,8 +668,9 @@ mod tests {
         assert!(matches!(limits.admit(ip), Admit::Refuse(..)));
         // One log line per interval.
         let peer = crate::sock::Peer::Tcp("127.0.0.2:1".parse().unwrap());
-        assert!(limits.log_refusal(peer, "cap", false));
-        assert!(!limits.log_refusal(peer, "cap", false));
+        let why = ConnRefusal::Total { max: 0, open: 0 };
+        assert!(limits.log_refusal(peer, &why, false));
+        assert!(!limits.log_refusal(peer, &why, false));
         assert_eq!(limits.refusal_log.unlogged(), 1);
     }
 }

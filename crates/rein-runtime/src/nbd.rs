@@ -82,7 +82,7 @@
 //! socket write takes that buffer as one of its slices. (It used to be three: into a read buffer, into the
 //! reply, and into the writer's batch.) `O_DIRECT` reads add the copy out of their aligned buffer.
 
-use crate::access::{Admit, ClientSlot, ConnCaps, ConnLimits, ExportAccess, TenantSlot, REFUSAL_TIMEOUT};
+use crate::access::{Admit, ClientSlot, ConnCaps, ConnLimits, ConnRefusal, ExportAccess, TenantSlot, REFUSAL_TIMEOUT};
 use crate::budget::{Budget, Charge, TenantBudget};
 use crate::dispatch::Served;
 use crate::dispatch::{Dispatcher, IoRequest, IoResult, Op};
@@ -359,8 +359,8 @@ impl End {
 pub enum Entry {
     /// Served; the slot counts it until it ends.
     Serve(ClientSlot),
-    /// Every option refused with this message (over a connection cap).
-    Refuse(String, OwnedSemaphorePermit),
+    /// Every option refused with this reason's text (over a connection cap).
+    Refuse(ConnRefusal, OwnedSemaphorePermit),
 }
 
 /// Serves one connection with [`Policy::open`] until the client disconnects, errs, or `shutdown` turns
@@ -454,8 +454,8 @@ pub async fn serve_client(
     hs.set_node(policy.node.is_some());
     let (deadline, _slot) = match entry {
         Entry::Serve(slot) => (ctx.limits.handshake_timeout, Some(slot)),
-        Entry::Refuse(message, _permit) => {
-            hs.refuse_all(message);
+        Entry::Refuse(why, _permit) => {
+            hs.refuse_all(why.to_string());
             let refused = async {
                 let mut stream = stream;
                 stream.write_all(&out).await?;
