@@ -622,6 +622,65 @@ mod tests {
         assert_eq!(e, "pShift needs scheduler = \"token\" (this server runs mclock)");
     }
 
+    /// A session's failures, exactly as `run` logs them ("pShift link: {e}; serving plain round robin
+    /// ..."): no controller listening, one that closes before the welcome, refuses, answers the hello
+    /// with another frame, and, once welcomed, sends a frame the link does not take, a pong whose schedule
+    /// is out of bounds, or closes.
+    #[tokio::test]
+    async fn session_failures_read_as_before() {
+        let listener = TcpListener::bind("127.0.0.234:0").await.unwrap();
+        let controller = listener.local_addr().unwrap();
+        let (s, dispatcher) = link(controller, CONNECT_TIMEOUT);
+        let status = LinkStatus::new(&s);
+        // The controller's side of one session: answers the hello with `frames`, then closes its side
+        // (the socket itself is kept until the session ends, so that a ping the link writes meanwhile does
+        // not turn the close into a reset).
+        let answer = |frames: Vec<Message>| {
+            let listener = &listener;
+            async move {
+                let (mut sock, _) = hello(listener).await;
+                for m in &frames {
+                    write_frame(&mut sock, m).await.unwrap();
+                }
+                sock.shutdown().await.unwrap();
+                sock
+            }
+        };
+        let welcome = Message::Welcome { server: 0, strays: false, buckets: vec!["a".into()], limited: vec![] };
+        let cases: [(Vec<Message>, bool, bool, String); 6] = [
+            (vec![], false, false, "the peer closed the connection".into()),
+            (
+                vec![Message::Refuse { reason: "no server named \"s1\"".into() }],
+                true,
+                false,
+                "the controller refused this server: no server named \"s1\"".into(),
+            ),
+            (vec![Message::Ping { t0: 1 }], false, false, "expected a welcome, got a ping".into()),
+            (vec![welcome.clone(), Message::Ping { t0: 1 }], false, true, "unexpected ping from the controller".into()),
+            (
+                vec![
+                    welcome.clone(),
+                    Message::Pong { t0: 1, t1: 1_000_000_000, next_round: 1, next_ns: 1, interval_ns: 999 },
+                ],
+                false,
+                true,
+                "a pong with a boundary interval of 999 ns (a controller's is at least 1000 ns)".into(),
+            ),
+            (vec![welcome.clone()], false, true, "the peer closed the connection".into()),
+        ];
+        for (frames, want_refused, want_welcomed, want) in cases {
+            let (r, _sock) = tokio::join!(session(&s, &dispatcher, &Vec::new, &status), answer(frames));
+            let (refused, e, welcomed) = ended(r);
+            assert_eq!(e, want);
+            assert_eq!((refused, welcomed), (want_refused, want_welcomed), "{e}");
+        }
+        // Nobody listening: the connect's error, as the system words it.
+        drop(listener);
+        let (refused, e, welcomed) = ended(session(&s, &dispatcher, &Vec::new, &status).await);
+        assert!(!refused && !welcomed, "{e}");
+        assert_eq!(e, "connect: Connection refused (os error 111)");
+    }
+
     /// `resolve` by hash lookups gives what the scan of the tenants per bucket gave (the oracle below):
     /// each bucket named by a tenant, in bucket order, the first tenant of a duplicated name, a bucket
     /// named twice mapped twice, and the tenants no bucket names, in their order.
