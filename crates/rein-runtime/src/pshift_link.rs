@@ -326,7 +326,7 @@ pub async fn run(
         };
         dispatcher.pshift_detach().await;
         let (e, wait) = match r {
-            Ok(()) => ("the controller closed the connection".to_string(), backoff),
+            Ok(()) => (SessionError::Closed, backoff),
             Err(Failure::Refused(e)) => (e, MAX_BACKOFF),
             Err(Failure::Broken(e, welcomed)) => {
                 // Only a session that lasted starts the backoff again: a controller that welcomes and then
@@ -338,6 +338,9 @@ pub async fn run(
                 (e, backoff)
             }
         };
+        // The same failure as the last is not logged again (compared by its text: an io error has no
+        // equality).
+        let e = e.to_string();
         if e != last_error {
             tracing::warn!(controller = %s.controller, "pShift link: {e}; serving plain round robin until it answers");
             last_error = e;
@@ -389,11 +392,102 @@ fn resolve<'a>(buckets: &[String], here: &'a [(String, TenantId)]) -> (Vec<(Tena
     (mapped, strangers)
 }
 
+/// How a session ended ([`session`]): refused (the next attempt waits [`MAX_BACKOFF`]) or broken.
 enum Failure {
-    /// The controller refused this server.
-    Refused(String),
+    /// The controller (or the dispatcher, at the welcome) refused this server.
+    Refused(SessionError),
     /// The connection failed; when it was welcomed, if it was.
-    Broken(String, Option<tokio::time::Instant>),
+    Broken(SessionError, Option<tokio::time::Instant>),
+}
+
+/// Why a session with the controller ended; [`run`] logs it as "pShift link: {this}; serving plain round
+/// robin until it answers".
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    /// A session that ended without an error (as `run` words it).
+    #[error("the controller closed the connection")]
+    Closed,
+    /// The TCP connection did not complete within [`CONNECT_TIMEOUT`].
+    #[error("no connection within {} s", timeout.as_secs())]
+    ConnectTimeout {
+        /// The bound ([`CONNECT_TIMEOUT`]).
+        timeout: Duration,
+    },
+    /// The TCP connection failed.
+    #[error("connect: {0}")]
+    Connect(#[source] std::io::Error),
+    /// The TLS handshake did not complete within [`CONNECT_TIMEOUT`].
+    #[error("no TLS handshake within {} s", timeout.as_secs())]
+    TlsTimeout {
+        /// The bound ([`CONNECT_TIMEOUT`]).
+        timeout: Duration,
+    },
+    /// The TLS handshake failed.
+    #[error("TLS handshake: {0}")]
+    TlsHandshake(#[source] crate::tls::TlsError),
+    /// A reload revoked the controller's certificate while the handshake ran (as `crate::tls` words it).
+    #[error("TLS: {why}")]
+    TlsRevoked {
+        /// Why, as the TLS layer says it.
+        why: String,
+    },
+    /// The hello could not be written.
+    #[error(transparent)]
+    Hello(WriteFrameError),
+    /// No answer to the hello within the welcome timeout ([`LinkSettings::welcome_timeout`]).
+    #[error("no welcome within {} s", timeout.as_secs_f64())]
+    WelcomeTimeout {
+        /// The bound.
+        timeout: Duration,
+    },
+    /// The answer to the hello could not be read.
+    #[error(transparent)]
+    Welcome(ReadFrameError),
+    /// The controller refused this server, with its reason (the controller's words, from the wire).
+    #[error("the controller refused this server: {reason}")]
+    Refused {
+        /// The controller's reason.
+        reason: String,
+    },
+    /// The hello was answered by a frame that is neither a welcome nor a refusal.
+    #[error("expected a welcome, got a {got}")]
+    NotWelcome {
+        /// The frame's name ([`Message::name`]).
+        got: &'static str,
+    },
+    /// The dispatcher refused the welcome (its scheduler is not the token scheduler, say).
+    #[error(transparent)]
+    Attach(crate::dispatch::PshiftError),
+    /// A welcomed session read no frame within [`SILENCE_TIMEOUT`].
+    #[error("no frame from the controller within {} s", timeout.as_secs())]
+    Silent {
+        /// The bound ([`SILENCE_TIMEOUT`]).
+        timeout: Duration,
+    },
+    /// The controller did not take a frame within [`SILENCE_TIMEOUT`] (it does not read).
+    #[error("the controller took no frame within {} s", timeout.as_secs())]
+    NotRead {
+        /// The bound ([`SILENCE_TIMEOUT`]).
+        timeout: Duration,
+    },
+    /// A frame to the controller could not be written.
+    #[error(transparent)]
+    Write(WriteFrameError),
+    /// A frame from the controller could not be read (bad, over the bound, the socket, closed).
+    #[error(transparent)]
+    Read(ReadFrameError),
+    /// The dispatcher could not give the report asked for.
+    #[error(transparent)]
+    Report(crate::dispatch::PshiftError),
+    /// A pong's schedule out of bounds ([`check_schedule`]).
+    #[error(transparent)]
+    Schedule(ScheduleError),
+    /// A welcomed session got a frame a controller does not send.
+    #[error("unexpected {got} from the controller")]
+    Unexpected {
+        /// The frame's name ([`Message::name`]).
+        got: &'static str,
+    },
 }
 
 async fn session(
@@ -402,11 +496,11 @@ async fn session(
     tenants: &(impl Fn() -> Vec<(String, TenantId)> + Send),
     status: &LinkStatus,
 ) -> Result<(), Failure> {
-    let broken = |e: String| Failure::Broken(e, None);
+    let broken = |e: SessionError| Failure::Broken(e, None);
     let sock = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(s.controller))
         .await
-        .map_err(|_| broken(format!("no connection within {} s", CONNECT_TIMEOUT.as_secs())))?
-        .map_err(|e| broken(format!("connect: {e}")))?;
+        .map_err(|_| broken(SessionError::ConnectTimeout { timeout: CONNECT_TIMEOUT }))?
+        .map_err(|e| broken(SessionError::Connect(e)))?;
     let _ = sock.set_nodelay(true);
     // Over TLS with a certificate, the link is listed while it lives, so that a reload whose
     // `[pshift.tls] crl` revokes the controller's certificate cuts it.
@@ -416,32 +510,31 @@ async fn session(
         Some((client, name)) => {
             let tls = tokio::time::timeout(CONNECT_TIMEOUT, client.get().connect(name, sock))
                 .await
-                .map_err(|_| broken(format!("no TLS handshake within {} s", CONNECT_TIMEOUT.as_secs())))?
-                .map_err(|e| broken(format!("TLS handshake: {e}")))?;
+                .map_err(|_| broken(SessionError::TlsTimeout { timeout: CONNECT_TIMEOUT }))?
+                .map_err(|e| broken(SessionError::TlsHandshake(e)))?;
             let fd = std::os::fd::AsFd::as_fd(tls.get_ref()).try_clone_to_owned().ok();
             let peer = format!("the pShift controller ({name})");
             // Refused if a reload revoked the controller while the handshake ran (crate::tls, "Reload").
             if let Some(fd) = fd {
-                _registration = client.register(tls.ssl(), peer, fd).map_err(|why| broken(format!("TLS: {why}")))?;
+                _registration =
+                    client.register(tls.ssl(), peer, fd).map_err(|why| broken(SessionError::TlsRevoked { why }))?;
             }
             Box::new(tls)
         }
     };
     let (mut rd, mut wr) = tokio::io::split(stream);
     let mut buf = Vec::new();
-    write_frame(&mut wr, &Message::Hello { name: s.name.clone() }).await.map_err(|e| broken(e.to_string()))?;
+    write_frame(&mut wr, &Message::Hello { name: s.name.clone() }).await.map_err(|e| broken(SessionError::Hello(e)))?;
     // The answer is a welcome or a refusal, so at most a welcome's bound (a frame announcing more is
     // refused from its header).
     let first = tokio::time::timeout(s.welcome_timeout, read_frame_within(&mut rd, &mut buf, wire::MAX_WELCOME_BODY))
         .await
-        .map_err(|_| broken(format!("no welcome within {} s", s.welcome_timeout.as_secs_f64())))?
-        .map_err(|e| broken(e.to_string()))?;
+        .map_err(|_| broken(SessionError::WelcomeTimeout { timeout: s.welcome_timeout }))?
+        .map_err(|e| broken(SessionError::Welcome(e)))?;
     let (index, strays, names, limited) = match first {
         Message::Welcome { server, strays, buckets, limited } => (server, strays, buckets, limited),
-        Message::Refuse { reason } => {
-            return Err(Failure::Refused(format!("the controller refused this server: {reason}")))
-        }
-        other => return Err(broken(format!("expected a welcome, got a {}", other.name()))),
+        Message::Refuse { reason } => return Err(Failure::Refused(SessionError::Refused { reason })),
+        other => return Err(broken(SessionError::NotWelcome { got: other.name() })),
     };
     // After the welcome the controller's largest frame is a token message with a line per bucket.
     let max_body = wire::controller_body_max(names.len());
@@ -454,12 +547,12 @@ async fn session(
     dispatcher
         .pshift_attach(PshiftAttach { server: index, strays, buckets, limited, strays_to: stray_tx })
         .await
-        .map_err(|e| Failure::Refused(e.to_string()))?;
+        .map_err(|e| Failure::Refused(SessionError::Attach(e)))?;
     tracing::info!(controller = %s.controller, index, buckets = mapped, "pShift link: welcomed by the controller");
     // Up until the session ends, however it ends (an error, or `run` dropping it at the stop).
     let _up = status.up();
     let welcomed_at = tokio::time::Instant::now();
-    let welcomed = |e: String| Failure::Broken(e, Some(welcomed_at));
+    let welcomed = |e: SessionError| Failure::Broken(e, Some(welcomed_at));
     // Pings place the controller's boundaries on the dispatcher's clock, where it cuts each report.
     let clock = dispatcher.clock();
     let mut offset = ClockOffset::default();
@@ -467,12 +560,9 @@ async fn session(
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Every write within SILENCE_TIMEOUT, and a frame read within it of the last one.
-    let silent = || welcomed(format!("no frame from the controller within {} s", SILENCE_TIMEOUT.as_secs()));
+    let silent = || welcomed(SessionError::Silent { timeout: SILENCE_TIMEOUT });
     let unwritten = |e: Option<WriteFrameError>| {
-        welcomed(e.map_or_else(
-            || format!("the controller took no frame within {} s", SILENCE_TIMEOUT.as_secs()),
-            |e| e.to_string(),
-        ))
+        welcomed(e.map_or(SessionError::NotRead { timeout: SILENCE_TIMEOUT }, SessionError::Write))
     };
     let mut heard = tokio::time::Instant::now();
     loop {
@@ -492,7 +582,7 @@ async fn session(
             }
             f = read_frame_within(&mut rd, &mut buf, max_body) => {
                 heard = tokio::time::Instant::now();
-                match f.map_err(|e| welcomed(e.to_string()))? {
+                match f.map_err(|e| welcomed(SessionError::Read(e)))? {
                     Message::ReportRequest { round, early } => {
                         // Tenants created or deleted since: a boundary's report covers the buckets of now.
                         let now_here = if early == 0 { tenants() } else { Vec::new() };
@@ -511,13 +601,13 @@ async fn session(
                             }
                             here = now_here;
                         }
-                        let r = dispatcher.pshift_report(round, early).await.map_err(|e| welcomed(e.to_string()))?;
+                        let r = dispatcher.pshift_report(round, early).await.map_err(|e| welcomed(SessionError::Report(e)))?;
                         write_frame_within(&mut wr, &Message::Report(r), SILENCE_TIMEOUT).await.map_err(unwritten)?;
                     }
                     Message::Tokens(m) if m.server == index => dispatcher.pshift_tokens(m).await,
                     Message::Pong { t0, t1, next_round, next_ns, interval_ns } => {
                         if next_ns > 0 {
-                            check_schedule(t1, next_ns, interval_ns).map_err(|e| welcomed(e.to_string()))?;
+                            check_schedule(t1, next_ns, interval_ns).map_err(|e| welcomed(SessionError::Schedule(e)))?;
                         }
                         offset.sample(t0, t1, clock.now().0);
                         if let (true, Some(at)) = (next_ns > 0, offset.local(next_ns)) {
@@ -528,7 +618,7 @@ async fn session(
                             }
                         }
                     }
-                    other => return Err(welcomed(format!("unexpected {} from the controller", other.name()))),
+                    other => return Err(welcomed(SessionError::Unexpected { got: other.name() })),
                 }
             }
             _ = tokio::time::sleep_until(heard + SILENCE_TIMEOUT) => return Err(silent()),
@@ -562,8 +652,18 @@ mod tests {
     fn ended(r: Result<(), Failure>) -> (bool, String, bool) {
         match r {
             Ok(()) => (false, "closed".into(), true),
-            Err(Failure::Refused(e)) => (true, e, false),
-            Err(Failure::Broken(e, welcomed)) => (false, e, welcomed.is_some()),
+            Err(f) => {
+                let (refused, e, welcomed) = failed(f);
+                (refused, e.to_string(), welcomed)
+            }
+        }
+    }
+
+    /// A session's failure: (refused, why, whether it was welcomed).
+    fn failed(f: Failure) -> (bool, SessionError, bool) {
+        match f {
+            Failure::Refused(e) => (true, e, false),
+            Failure::Broken(e, welcomed) => (false, e, welcomed.is_some()),
         }
     }
 
@@ -647,16 +747,28 @@ mod tests {
             }
         };
         let welcome = Message::Welcome { server: 0, strays: false, buckets: vec!["a".into()], limited: vec![] };
-        let cases: [(Vec<Message>, bool, bool, String); 6] = [
-            (vec![], false, false, "the peer closed the connection".into()),
+        type Is = fn(&SessionError) -> bool;
+        let cases: [(Vec<Message>, bool, bool, String, Is); 6] = [
+            (vec![], false, false, "the peer closed the connection".into(), |e| {
+                matches!(e, SessionError::Welcome(ReadFrameError::Closed))
+            }),
             (
                 vec![Message::Refuse { reason: "no server named \"s1\"".into() }],
                 true,
                 false,
                 "the controller refused this server: no server named \"s1\"".into(),
+                |e| matches!(e, SessionError::Refused { reason } if reason == "no server named \"s1\""),
             ),
-            (vec![Message::Ping { t0: 1 }], false, false, "expected a welcome, got a ping".into()),
-            (vec![welcome.clone(), Message::Ping { t0: 1 }], false, true, "unexpected ping from the controller".into()),
+            (vec![Message::Ping { t0: 1 }], false, false, "expected a welcome, got a ping".into(), |e| {
+                matches!(e, SessionError::NotWelcome { got: "ping" })
+            }),
+            (
+                vec![welcome.clone(), Message::Ping { t0: 1 }],
+                false,
+                true,
+                "unexpected ping from the controller".into(),
+                |e| matches!(e, SessionError::Unexpected { got: "ping" }),
+            ),
             (
                 vec![
                     welcome.clone(),
@@ -665,20 +777,42 @@ mod tests {
                 false,
                 true,
                 "a pong with a boundary interval of 999 ns (a controller's is at least 1000 ns)".into(),
+                |e| matches!(e, SessionError::Schedule(ScheduleError::Interval { interval_ns: 999 })),
             ),
-            (vec![welcome.clone()], false, true, "the peer closed the connection".into()),
+            (vec![welcome.clone()], false, true, "the peer closed the connection".into(), |e| {
+                matches!(e, SessionError::Read(ReadFrameError::Closed))
+            }),
         ];
-        for (frames, want_refused, want_welcomed, want) in cases {
+        for (frames, want_refused, want_welcomed, want, is) in cases {
             let (r, _sock) = tokio::join!(session(&s, &dispatcher, &Vec::new, &status), answer(frames));
-            let (refused, e, welcomed) = ended(r);
-            assert_eq!(e, want);
+            let (refused, e, welcomed) = failed(r.expect_err("every case fails"));
+            assert_eq!(e.to_string(), want);
+            assert!(is(&e), "{e:?}");
             assert_eq!((refused, welcomed), (want_refused, want_welcomed), "{e}");
         }
         // Nobody listening: the connect's error, as the system words it.
         drop(listener);
-        let (refused, e, welcomed) = ended(session(&s, &dispatcher, &Vec::new, &status).await);
+        let r = session(&s, &dispatcher, &Vec::new, &status).await;
+        let (refused, e, welcomed) = failed(r.expect_err("nobody listens"));
         assert!(!refused && !welcomed, "{e}");
-        assert_eq!(e, "connect: Connection refused (os error 111)");
+        assert_eq!(e.to_string(), "connect: Connection refused (os error 111)");
+        assert!(matches!(&e, SessionError::Connect(io) if io.kind() == std::io::ErrorKind::ConnectionRefused), "{e:?}");
+        // The io error is the source, its text said once in the message.
+        let source = std::error::Error::source(&e).map(|s| s.to_string());
+        assert_eq!(source.as_deref(), Some("Connection refused (os error 111)"));
+        // The texts of the failures no peer here makes (timeouts, the TLS layer's, the dispatcher's).
+        let texts: [(SessionError, &str); 7] = [
+            (SessionError::Closed, "the controller closed the connection"),
+            (SessionError::ConnectTimeout { timeout: CONNECT_TIMEOUT }, "no connection within 5 s"),
+            (SessionError::TlsTimeout { timeout: CONNECT_TIMEOUT }, "no TLS handshake within 5 s"),
+            (SessionError::WelcomeTimeout { timeout: Duration::from_millis(300) }, "no welcome within 0.3 s"),
+            (SessionError::Silent { timeout: SILENCE_TIMEOUT }, "no frame from the controller within 5 s"),
+            (SessionError::NotRead { timeout: SILENCE_TIMEOUT }, "the controller took no frame within 5 s"),
+            (SessionError::TlsHandshake(crate::tls::TlsError("x".into())), "TLS handshake: TLS handshake failed: x"),
+        ];
+        for (e, want) in texts {
+            assert_eq!(e.to_string(), want);
+        }
     }
 
     /// `resolve` by hash lookups gives what the scan of the tenants per bucket gave (the oracle below):
