@@ -2296,10 +2296,11 @@ mod tests {
         pong(&mut rd, &mut buf).await;
         let (_, _, _, m) = hello(addr, "s1").await;
         let mine = wr.local_addr().unwrap().to_string();
-        assert!(
-            matches!(&m, Message::Refuse { reason } if reason.contains("is connected already") && reason.contains(&mine)),
-            "{m:?}"
+        let want = format!(
+            "server \"s1\" is connected already, from {mine} (are two servers configured with this name?); a second \
+             connection is taken only once the first has been silent for 1 s"
         );
+        assert!(matches!(&m, Message::Refuse { reason } if *reason == want), "{m:?}");
         // The first is still served.
         write_frame(&mut wr, &Message::Ping { t0: 2 }).await.unwrap();
         pong(&mut rd, &mut buf).await;
@@ -2565,6 +2566,102 @@ mod tests {
         // Both lines logged within the second: none held back, in either kind.
         assert_eq!(admit.log[Cut::UnknownName as usize].unlogged(), 0);
         assert_eq!(admit.log[Cut::Taken as usize].unlogged(), 0);
+    }
+
+    /// A connection's end as the accept loop logs it: its kind of cut and its text.
+    fn cut_text(e: (Cut, String)) -> (Cut, String) {
+        e
+    }
+
+    /// Runs one connection of `admit` from `listener` against `client` (given its socket and the events
+    /// the connection sends; what it returns is kept until the connection ends); returns how it ended.
+    async fn connection_against<F, Fut, T>(admit: &Admit, listener: &TcpListener, client: F) -> (Cut, String)
+    where
+        F: FnOnce(TcpStream, mpsc::Receiver<Event>) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let addr = listener.local_addr().unwrap();
+        let (ev_tx, ev_rx) = event_channel();
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let (_kept, r) = tokio::join!(async { client(TcpStream::connect(addr).await.unwrap(), ev_rx).await }, async {
+            let (sock, _) = listener.accept().await.unwrap();
+            let slot = Opening::default().take("127.0.0.1".parse().unwrap()).unwrap();
+            connection(sock, 1, admit, ev_tx, stop_rx, slot).await
+        });
+        cut_text(r.expect_err("every case ends the connection"))
+    }
+
+    /// A server connection's ends, exactly as the controller logs them ("pShift controller: connection
+    /// closed: {e}") and, for a refused hello, as the Refuse frame tells the server: a first frame that is
+    /// not a hello, a peer that closes before it, a name not configured, a server bound to an identity the
+    /// peer does not present, a bad frame after the welcome, and a welcomed server that falls silent.
+    #[tokio::test]
+    async fn connection_ends_read_as_before() {
+        let listener = TcpListener::bind("127.0.0.235:0").await.unwrap();
+        let admit = admit_of_s1();
+        let (cut, e) = connection_against(&admit, &listener, |mut sock, ev| async move {
+            write_frame(&mut sock, &Message::Ping { t0: 1 }).await.unwrap();
+            (sock, ev)
+        })
+        .await;
+        assert_eq!((cut, e.as_str()), (Cut::Opening, "expected a hello, got a ping"));
+        let (cut, e) = connection_against(&admit, &listener, |mut sock, ev| async move {
+            tokio::io::AsyncWriteExt::shutdown(&mut sock).await.unwrap();
+            (sock, ev)
+        })
+        .await;
+        assert_eq!((cut, e.as_str()), (Cut::Opening, "the peer closed the connection"));
+        // A refused hello: the server is told the same text.
+        let refused = |name: &'static str| {
+            move |mut sock: TcpStream, ev| async move {
+                write_frame(&mut sock, &Message::Hello { name: name.into() }).await.unwrap();
+                let m = read_frame(&mut sock, &mut Vec::new()).await.unwrap();
+                (sock, ev, m)
+            }
+        };
+        let (cut, e) = connection_against(&admit, &listener, |sock, ev| async {
+            let (sock, ev, m) = refused("s9")(sock, ev).await;
+            let want = "no server named \"s9\" in the controller's configuration";
+            assert!(matches!(&m, Message::Refuse { reason } if reason == want), "{m:?}");
+            (sock, ev)
+        })
+        .await;
+        assert_eq!((cut, e.as_str()), (Cut::UnknownName, "no server named \"s9\" in the controller's configuration"));
+        let mut bound = admit_of_s1();
+        bound.identities = Arc::new(vec![Some("alice".into())]);
+        let (cut, e) = connection_against(&bound, &listener, |sock, ev| async {
+            let (sock, ev, m) = refused("s1")(sock, ev).await;
+            let want = "server s1 connects with identity \"alice\" only, not none";
+            assert!(matches!(&m, Message::Refuse { reason } if reason == want), "{m:?}");
+            (sock, ev)
+        })
+        .await;
+        assert_eq!((cut, e.as_str()), (Cut::Identity, "server s1 connects with identity \"alice\" only, not none"));
+        // Welcomed (its writer's queue kept, as the controller's task keeps it), then a frame that is none.
+        let welcomed = |mut sock: TcpStream, mut ev: mpsc::Receiver<Event>| async move {
+            write_frame(&mut sock, &Message::Hello { name: "s1".into() }).await.unwrap();
+            let Some(Event::Joined { verdict, tx, .. }) = ev.recv().await else { panic!("no join") };
+            verdict.send(Ok(())).unwrap();
+            let mut buf = Vec::new();
+            let m = read_frame(&mut sock, &mut buf).await.unwrap();
+            assert!(matches!(m, Message::Welcome { server: 0, .. }), "{m:?}");
+            (sock, (ev, tx))
+        };
+        let garbage = [0xffu8; rein_proto::pshift::HEADER_BYTES];
+        let (cut, e) = connection_against(&admit, &listener, |sock, ev| async {
+            let (mut sock, ev) = welcomed(sock, ev).await;
+            tokio::io::AsyncWriteExt::write_all(&mut sock, &garbage).await.unwrap();
+            (sock, ev)
+        })
+        .await;
+        let bad = rein_proto::pshift::frame_len(&garbage).unwrap_err();
+        assert_eq!((cut, e), (Cut::Welcomed, format!("bad pShift frame: {bad}")));
+        // Welcomed, then silent past the silence timeout.
+        let mut quick = admit_of_s1();
+        quick.silence_timeout = Duration::from_millis(200);
+        let (cut, e) = connection_against(&quick, &listener, welcomed).await;
+        let want = "server \"s1\" sent no frame within 0.2 s (a server pings every 100 ms)";
+        assert_eq!((cut, e.as_str()), (Cut::Welcomed, want));
     }
 
     /// The event queue at its bound: with the controller's task taking no events, a server's reader
