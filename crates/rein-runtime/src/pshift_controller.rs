@@ -706,7 +706,7 @@ enum Event {
         conn: u64,
         peer: SocketAddr,
         tx: mpsc::Sender<Message>,
-        verdict: tokio::sync::oneshot::Sender<Result<(), String>>,
+        verdict: tokio::sync::oneshot::Sender<Result<(), Taken>>,
     },
     /// Connection `conn` of server `index` ended.
     Left { index: usize, conn: u64 },
@@ -1147,10 +1147,132 @@ async fn accept_loop(
         let (admit, ev, stop) = (admit.clone(), ev.clone(), stop.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err((cut, e)) = connection(sock, conn, &admit, ev, stop, slot).await {
-                admit.log_cut(cut, Some(peer), &format!("connection closed: {e}"));
+            if let Err(e) = connection(sock, conn, &admit, ev, stop, slot).await {
+                admit.log_cut(e.cut(), Some(peer), &format!("connection closed: {e}"));
             }
         });
+    }
+}
+
+/// Why the controller refused a server's hello ([`Event::Joined`]'s verdict): its name is live on another
+/// connection. Its text is the Refuse frame's reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "server {name:?} is connected already, from {from} (are two servers configured with this name?); a second \
+     connection is taken only once the first has been silent for {} s",
+    live_within.as_secs()
+)]
+struct Taken {
+    /// The server's name.
+    name: String,
+    /// The live connection's peer.
+    from: SocketAddr,
+    /// How recent its last frame is, at most, for it to count as live ([`LIVE_WITHIN`]).
+    live_within: Duration,
+}
+
+/// Why a server's connection ended ([`connection`]); the accept loop logs it as "connection closed:
+/// {this}", under its kind of cut ([`ConnectionError::cut`]). A refused hello's text is also the Refuse
+/// frame's reason.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    /// The peer's address could not be read.
+    #[error(transparent)]
+    Peer(std::io::Error),
+    /// The TLS handshake failed.
+    #[error("TLS handshake: {0}")]
+    TlsHandshake(#[source] crate::tls::TlsError),
+    /// A reload revoked the peer's credential while its handshake ran (as `crate::tls` words it).
+    #[error("{why}")]
+    TlsRevoked {
+        /// Why, as the TLS layer says it.
+        why: String,
+    },
+    /// The TLS identity is not in `allow_identities`.
+    #[error("identity {identity:?} is not in allow_identities")]
+    IdentityNotAllowed {
+        /// The identity presented.
+        identity: String,
+    },
+    /// The TLS peer presented no identity, and `allow_identities` is set.
+    #[error("the TLS peer has no identity (PSK identity or certificate CN) for allow_identities")]
+    NoIdentity,
+    /// The hello could not be read.
+    #[error(transparent)]
+    Hello(crate::pshift_link::ReadFrameError),
+    /// No hello (with the TLS handshake) within [`HELLO_TIMEOUT`].
+    #[error("no hello within {} s", timeout.as_secs())]
+    HelloTimeout {
+        /// The bound ([`HELLO_TIMEOUT`]).
+        timeout: Duration,
+    },
+    /// The first frame was not a hello.
+    #[error("expected a hello, got a {got}")]
+    NotHello {
+        /// The frame's name ([`Message::name`]).
+        got: &'static str,
+    },
+    /// A hello naming no configured server.
+    #[error("no server named {name:?} in the controller's configuration")]
+    UnknownName {
+        /// The name in the hello.
+        name: String,
+    },
+    /// A hello for a server bound to an identity (`identity`) from a peer presenting another, or none.
+    #[error("server {name} connects with identity {want:?} only, not {}", shown(presented.as_deref()))]
+    WrongIdentity {
+        /// The server's name.
+        name: String,
+        /// The identity it is bound to.
+        want: String,
+        /// The identity presented, if any.
+        presented: Option<String>,
+    },
+    /// The controller refused the hello: the server's name is live on another connection.
+    #[error(transparent)]
+    Taken(Taken),
+    /// A frame to the welcomed server was not written.
+    #[error(transparent)]
+    Send(FrameSendError),
+    /// A frame from the welcomed server could not be read (bad, over the bound, the socket, closed).
+    #[error(transparent)]
+    Read(crate::pshift_link::ReadFrameError),
+    /// The welcomed server sent no frame within the silence timeout.
+    #[error(
+        "server {name:?} sent no frame within {} s (a server pings every {} ms)",
+        silence.as_secs_f64(),
+        crate::pshift_link::PING_EVERY.as_millis()
+    )]
+    Silent {
+        /// The server's name.
+        name: String,
+        /// The silence timeout (`silence_timeout_ms`).
+        silence: Duration,
+    },
+}
+
+/// An identity as [`ConnectionError::WrongIdentity`] names it: quoted, or "none".
+fn shown(identity: Option<&str>) -> String {
+    identity.map_or_else(|| "none".to_string(), |p| format!("{p:?}"))
+}
+
+impl ConnectionError {
+    /// The kind of cut it is logged under.
+    fn cut(&self) -> Cut {
+        match self {
+            ConnectionError::Peer(_)
+            | ConnectionError::TlsHandshake(_)
+            | ConnectionError::TlsRevoked { .. }
+            | ConnectionError::Hello(_)
+            | ConnectionError::HelloTimeout { .. }
+            | ConnectionError::NotHello { .. } => Cut::Opening,
+            ConnectionError::IdentityNotAllowed { .. }
+            | ConnectionError::NoIdentity
+            | ConnectionError::WrongIdentity { .. } => Cut::Identity,
+            ConnectionError::UnknownName { .. } => Cut::UnknownName,
+            ConnectionError::Taken(_) => Cut::Taken,
+            ConnectionError::Send(_) | ConnectionError::Read(_) | ConnectionError::Silent { .. } => Cut::Welcomed,
+        }
     }
 }
 
@@ -1162,11 +1284,10 @@ async fn connection(
     ev: mpsc::Sender<Event>,
     mut stop: tokio::sync::watch::Receiver<bool>,
     not_welcomed: OpeningSlot,
-) -> Result<(), (Cut, String)> {
+) -> Result<(), ConnectionError> {
     let (names, buckets, limited, strays) = (&admit.names, &admit.buckets, &admit.limited, admit.strays);
     let _ = sock.set_nodelay(true);
-    let opening = |e: String| (Cut::Opening, e);
-    let peer = sock.peer_addr().map_err(|e| opening(e.to_string()))?;
+    let peer = sock.peer_addr().map_err(ConnectionError::Peer)?;
     let mut buf = Vec::new();
     // The TLS handshake (with `[tls]`) and the hello within HELLO_TIMEOUT.
     // Listed with `[tls]` while the connection lives, so that a reload that revokes its server cuts it.
@@ -1176,25 +1297,22 @@ async fn connection(
         let stream: crate::pshift_link::Stream = match &admit.tls.get() {
             None => Box::new(sock),
             Some(tls) => {
-                let (stream, identity) = tls.accept(sock).await.map_err(|e| opening(format!("TLS handshake: {e}")))?;
+                let (stream, identity) = tls.accept(sock).await.map_err(ConnectionError::TlsHandshake)?;
                 // A duplicate of the socket to cut it by (its own descriptor stays with the stream).
                 let fd = std::os::fd::AsFd::as_fd(stream.get_ref()).try_clone_to_owned().ok();
                 // Refused if a reload revoked the server while its handshake ran (crate::tls, "Reload").
                 if let Some(fd) = fd {
-                    registration = admit.tls.register(stream.ssl(), peer.to_string(), fd).map_err(opening)?;
+                    registration = admit
+                        .tls
+                        .register(stream.ssl(), peer.to_string(), fd)
+                        .map_err(|why| ConnectionError::TlsRevoked { why })?;
                 }
                 if !admit.access.allows(peer.ip(), identity.as_deref()) {
                     count_refused(&admit.refused);
-                    return Err((
-                        Cut::Identity,
-                        match identity {
-                            Some(i) => format!("identity {i:?} is not in allow_identities"),
-                            None => {
-                                "the TLS peer has no identity (PSK identity or certificate CN) for allow_identities"
-                                    .into()
-                            }
-                        },
-                    ));
+                    return Err(match identity {
+                        Some(identity) => ConnectionError::IdentityNotAllowed { identity },
+                        None => ConnectionError::NoIdentity,
+                    });
                 }
                 presented = identity;
                 Box::new(stream)
@@ -1203,33 +1321,30 @@ async fn connection(
         let (mut rd, wr) = tokio::io::split(stream);
         let hello = crate::pshift_link::read_frame_within(&mut rd, &mut buf, HELLO_MAX_BODY)
             .await
-            .map_err(|e| opening(e.to_string()))?;
-        Ok::<_, (Cut, String)>((rd, wr, hello, presented))
+            .map_err(ConnectionError::Hello)?;
+        Ok::<_, ConnectionError>((rd, wr, hello, presented))
     };
     let (mut rd, mut wr, hello, presented) = tokio::time::timeout(HELLO_TIMEOUT, opened)
         .await
-        .map_err(|_| opening(format!("no hello within {} s", HELLO_TIMEOUT.as_secs())))??;
+        .map_err(|_| ConnectionError::HelloTimeout { timeout: HELLO_TIMEOUT })??;
     let _registration = registration;
     let Message::Hello { name } = hello else {
-        return Err(opening(format!("expected a hello, got a {}", hello.name())));
+        return Err(ConnectionError::NotHello { got: hello.name() });
     };
     let Some(index) = names.iter().position(|n| *n == name) else {
         count_refused(&admit.refused);
-        let reason = format!("no server named {name:?} in the controller's configuration");
-        let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
-        return Err((Cut::UnknownName, reason));
+        let e = ConnectionError::UnknownName { name };
+        let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: e.to_string() }).await;
+        return Err(e);
     };
     // A server bound to an identity (`identity`): another identity that `allow_identities` admits may not
     // say hello as it (and report for it, or keep it out as "connected already").
     if let Some(want) = &admit.identities[index] {
         if presented.as_deref() != Some(want.as_str()) {
             count_refused(&admit.refused);
-            let reason = format!(
-                "server {name} connects with identity {want:?} only, not {}",
-                presented.as_deref().map_or_else(|| "none".to_string(), |p| format!("{p:?}"))
-            );
-            let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
-            return Err((Cut::Identity, reason));
+            let e = ConnectionError::WrongIdentity { name, want: want.clone(), presented };
+            let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: e.to_string() }).await;
+            return Err(e);
         }
     }
     // The controller's verdict before the welcome (frames it queues meanwhile wait in `rx`).
@@ -1240,10 +1355,10 @@ async fn connection(
     }
     match verdict.await {
         Ok(Ok(())) => {}
-        Ok(Err(reason)) => {
+        Ok(Err(taken)) => {
             count_refused(&admit.refused);
-            let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: reason.clone() }).await;
-            return Err((Cut::Taken, reason));
+            let _ = crate::pshift_link::write_frame(&mut wr, &Message::Refuse { reason: taken.to_string() }).await;
+            return Err(ConnectionError::Taken(taken));
         }
         Err(_) => return Ok(()),
     }
@@ -1272,21 +1387,17 @@ async fn connection(
             // which closes the socket (the halves of a split stream close it only when both are gone); or
             // a write failed.
             w = &mut writer => break match w {
-                Ok(Err(e)) => Err((Cut::Welcomed, e.to_string())),
+                Ok(Err(e)) => Err(ConnectionError::Send(e)),
                 _ => Ok(()),
             },
             f = crate::pshift_link::read_frame_within(&mut rd, &mut buf, admit.max_body) => match f {
                 Ok(m) => m,
-                Err(e) => break Err((Cut::Welcomed, e.to_string())),
+                Err(e) => break Err(ConnectionError::Read(e)),
             },
             _ = stop.wait_for(|s| *s) => break Ok(()),
             // A server pings every PING_EVERY (100 ms): one silent this long is gone or hung, and gives
             // its place up (its status shows it disconnected; its index gets no report requests).
-            _ = tokio::time::sleep_until(heard + silence) => break Err((Cut::Welcomed, format!(
-                "server {name:?} sent no frame within {} s (a server pings every {} ms)",
-                silence.as_secs_f64(),
-                crate::pshift_link::PING_EVERY.as_millis()
-            ))),
+            _ = tokio::time::sleep_until(heard + silence) => break Err(ConnectionError::Silent { name: name.clone(), silence }),
         };
         // Waits while the controller's queue is full: this peer is read no faster than it is handled.
         if ev.send(Event::Frame { index, conn, m }).await.is_err() {
@@ -1459,13 +1570,11 @@ impl Task {
                 let now = self.clock.now();
                 if let Some(old) = &self.conns[index] {
                     if now.saturating_sub(old.heard) < Nanos::from_duration(LIVE_WITHIN) {
-                        let _ = verdict.send(Err(format!(
-                            "server {:?} is connected already, from {} (are two servers configured with this \
-                             name?); a second connection is taken only once the first has been silent for {} s",
-                            self.names[index],
-                            old.peer,
-                            LIVE_WITHIN.as_secs()
-                        )));
+                        let _ = verdict.send(Err(Taken {
+                            name: self.names[index].clone(),
+                            from: old.peer,
+                            live_within: LIVE_WITHIN,
+                        }));
                         return;
                     }
                     tracing::warn!(server = %self.names[index], old = %old.peer, new = %peer, "pShift server connected again: the new connection replaces the old, silent one");
@@ -2549,7 +2658,8 @@ mod tests {
                     let (_rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
                     write_frame(&mut wr, &Message::Hello { name: name.into() }).await.unwrap();
                     if let Some(Event::Joined { verdict, .. }) = ev_rx.recv().await {
-                        verdict.send(Err("server s1 is connected already".into())).unwrap();
+                        let from = "127.0.0.1:1".parse().unwrap();
+                        verdict.send(Err(Taken { name: "s1".into(), from, live_within: LIVE_WITHIN })).unwrap();
                     }
                 },
                 async move {
@@ -2558,7 +2668,8 @@ mod tests {
                     connection(sock, 1, &a, ev_tx, stop_rx, slot).await
                 }
             );
-            let (cut, reason) = accepted.unwrap_err();
+            let e = accepted.unwrap_err();
+            let (cut, reason) = (e.cut(), e.to_string());
             assert_eq!(cut, want, "{name}: {reason}");
             // As the accept loop does with the cut.
             admit.log_cut(cut, None, &format!("connection closed: {reason}"));
@@ -2569,13 +2680,13 @@ mod tests {
     }
 
     /// A connection's end as the accept loop logs it: its kind of cut and its text.
-    fn cut_text(e: (Cut, String)) -> (Cut, String) {
-        e
+    fn cut_text(e: &ConnectionError) -> (Cut, String) {
+        (e.cut(), e.to_string())
     }
 
     /// Runs one connection of `admit` from `listener` against `client` (given its socket and the events
     /// the connection sends; what it returns is kept until the connection ends); returns how it ended.
-    async fn connection_against<F, Fut, T>(admit: &Admit, listener: &TcpListener, client: F) -> (Cut, String)
+    async fn connection_against<F, Fut, T>(admit: &Admit, listener: &TcpListener, client: F) -> ConnectionError
     where
         F: FnOnce(TcpStream, mpsc::Receiver<Event>) -> Fut,
         Fut: std::future::Future<Output = T>,
@@ -2588,7 +2699,7 @@ mod tests {
             let slot = Opening::default().take("127.0.0.1".parse().unwrap()).unwrap();
             connection(sock, 1, admit, ev_tx, stop_rx, slot).await
         });
-        cut_text(r.expect_err("every case ends the connection"))
+        r.expect_err("every case ends the connection")
     }
 
     /// A server connection's ends, exactly as the controller logs them ("pShift controller: connection
@@ -2599,17 +2710,21 @@ mod tests {
     async fn connection_ends_read_as_before() {
         let listener = TcpListener::bind("127.0.0.235:0").await.unwrap();
         let admit = admit_of_s1();
-        let (cut, e) = connection_against(&admit, &listener, |mut sock, ev| async move {
+        let end = connection_against(&admit, &listener, |mut sock, ev| async move {
             write_frame(&mut sock, &Message::Ping { t0: 1 }).await.unwrap();
             (sock, ev)
         })
         .await;
+        assert!(matches!(end, ConnectionError::NotHello { got: "ping" }), "{end:?}");
+        let (cut, e) = cut_text(&end);
         assert_eq!((cut, e.as_str()), (Cut::Opening, "expected a hello, got a ping"));
-        let (cut, e) = connection_against(&admit, &listener, |mut sock, ev| async move {
+        let end = connection_against(&admit, &listener, |mut sock, ev| async move {
             tokio::io::AsyncWriteExt::shutdown(&mut sock).await.unwrap();
             (sock, ev)
         })
         .await;
+        assert!(matches!(end, ConnectionError::Hello(crate::pshift_link::ReadFrameError::Closed)), "{end:?}");
+        let (cut, e) = cut_text(&end);
         assert_eq!((cut, e.as_str()), (Cut::Opening, "the peer closed the connection"));
         // A refused hello: the server is told the same text.
         let refused = |name: &'static str| {
@@ -2619,23 +2734,30 @@ mod tests {
                 (sock, ev, m)
             }
         };
-        let (cut, e) = connection_against(&admit, &listener, |sock, ev| async {
+        let end = connection_against(&admit, &listener, |sock, ev| async {
             let (sock, ev, m) = refused("s9")(sock, ev).await;
             let want = "no server named \"s9\" in the controller's configuration";
             assert!(matches!(&m, Message::Refuse { reason } if reason == want), "{m:?}");
             (sock, ev)
         })
         .await;
+        assert!(matches!(&end, ConnectionError::UnknownName { name } if name == "s9"), "{end:?}");
+        let (cut, e) = cut_text(&end);
         assert_eq!((cut, e.as_str()), (Cut::UnknownName, "no server named \"s9\" in the controller's configuration"));
         let mut bound = admit_of_s1();
         bound.identities = Arc::new(vec![Some("alice".into())]);
-        let (cut, e) = connection_against(&bound, &listener, |sock, ev| async {
+        let end = connection_against(&bound, &listener, |sock, ev| async {
             let (sock, ev, m) = refused("s1")(sock, ev).await;
             let want = "server s1 connects with identity \"alice\" only, not none";
             assert!(matches!(&m, Message::Refuse { reason } if reason == want), "{m:?}");
             (sock, ev)
         })
         .await;
+        assert!(
+            matches!(&end, ConnectionError::WrongIdentity { name, want, presented: None } if name == "s1" && want == "alice"),
+            "{end:?}"
+        );
+        let (cut, e) = cut_text(&end);
         assert_eq!((cut, e.as_str()), (Cut::Identity, "server s1 connects with identity \"alice\" only, not none"));
         // Welcomed (its writer's queue kept, as the controller's task keeps it), then a frame that is none.
         let welcomed = |mut sock: TcpStream, mut ev: mpsc::Receiver<Event>| async move {
@@ -2648,20 +2770,62 @@ mod tests {
             (sock, (ev, tx))
         };
         let garbage = [0xffu8; rein_proto::pshift::HEADER_BYTES];
-        let (cut, e) = connection_against(&admit, &listener, |sock, ev| async {
+        let end = connection_against(&admit, &listener, |sock, ev| async {
             let (mut sock, ev) = welcomed(sock, ev).await;
             tokio::io::AsyncWriteExt::write_all(&mut sock, &garbage).await.unwrap();
             (sock, ev)
         })
         .await;
         let bad = rein_proto::pshift::frame_len(&garbage).unwrap_err();
-        assert_eq!((cut, e), (Cut::Welcomed, format!("bad pShift frame: {bad}")));
+        assert!(
+            matches!(&end, ConnectionError::Read(crate::pshift_link::ReadFrameError::Bad(b)) if *b == bad),
+            "{end:?}"
+        );
+        assert_eq!(cut_text(&end), (Cut::Welcomed, format!("bad pShift frame: {bad}")));
         // Welcomed, then silent past the silence timeout.
         let mut quick = admit_of_s1();
         quick.silence_timeout = Duration::from_millis(200);
-        let (cut, e) = connection_against(&quick, &listener, welcomed).await;
+        let end = connection_against(&quick, &listener, welcomed).await;
+        assert!(
+            matches!(&end, ConnectionError::Silent { name, silence } if name == "s1" && silence.as_millis() == 200),
+            "{end:?}"
+        );
+        let (cut, e) = cut_text(&end);
         let want = "server \"s1\" sent no frame within 0.2 s (a server pings every 100 ms)";
         assert_eq!((cut, e.as_str()), (Cut::Welcomed, want));
+        // The ends no plain peer here makes (TLS, the hello's timeout), and the refusal of a live name.
+        let texts: [(ConnectionError, Cut, &str); 6] = [
+            (
+                ConnectionError::TlsHandshake(crate::tls::TlsError("x".into())),
+                Cut::Opening,
+                "TLS handshake: TLS handshake failed: x",
+            ),
+            (ConnectionError::TlsRevoked { why: "revoked".into() }, Cut::Opening, "revoked"),
+            (ConnectionError::HelloTimeout { timeout: HELLO_TIMEOUT }, Cut::Opening, "no hello within 5 s"),
+            (
+                ConnectionError::IdentityNotAllowed { identity: "bob".into() },
+                Cut::Identity,
+                "identity \"bob\" is not in allow_identities",
+            ),
+            (
+                ConnectionError::NoIdentity,
+                Cut::Identity,
+                "the TLS peer has no identity (PSK identity or certificate CN) for allow_identities",
+            ),
+            (
+                ConnectionError::Taken(Taken {
+                    name: "s1".into(),
+                    from: "192.0.2.1:7".parse().unwrap(),
+                    live_within: LIVE_WITHIN,
+                }),
+                Cut::Taken,
+                "server \"s1\" is connected already, from 192.0.2.1:7 (are two servers configured with this \
+                 name?); a second connection is taken only once the first has been silent for 1 s",
+            ),
+        ];
+        for (e, cut, want) in texts {
+            assert_eq!(cut_text(&e), (cut, want.to_string()));
+        }
     }
 
     /// The event queue at its bound: with the controller's task taking no events, a server's reader
@@ -2677,7 +2841,7 @@ mod tests {
         let conn = tokio::spawn(async move {
             let (sock, _) = listener.accept().await.unwrap();
             let slot = Opening::default().take("127.0.0.1".parse().unwrap()).unwrap();
-            connection(sock, 1, &admit, ev_tx, stop_rx, slot).await.map_err(|e| e.1)
+            connection(sock, 1, &admit, ev_tx, stop_rx, slot).await.map_err(|e| e.to_string())
         });
         let (mut sock_rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
         write_frame(&mut wr, &Message::Hello { name: "s1".into() }).await.unwrap();
