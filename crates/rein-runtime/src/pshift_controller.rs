@@ -2828,6 +2828,74 @@ mod tests {
         }
     }
 
+    /// The frames the controller closes a welcomed server's connection for, exactly as it logs them
+    /// ("pShift controller: {why}; closing its connection"): a second hello, a report or a stray note
+    /// naming another server, and a frame only a controller sends. One server each: each server's cuts
+    /// are logged at most once a second.
+    #[tokio::test]
+    async fn cut_frames_read_as_before() {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).without_time().finish();
+        // This test's runtime runs every task on this thread, where the subscriber is the default.
+        let _default = tracing::subscriber::set_default(subscriber);
+        let servers: String =
+            (1..=4).map(|k| format!("[[servers]]\nname = \"s{k}\"\ncapacity_iops = 1000\n")).collect();
+        let text = format!(
+            "listen = \"127.0.0.236:0\"\nperiod_s = 0.5\nintervals = 5\nstart_s = 0.1\nearly_rounds = 0\n{servers}\
+             [[buckets]]\nname = \"a\"\nreservation_iops = 200\n"
+        );
+        let s = ControllerSettings::parse(&text, Path::new("ctl.toml")).unwrap();
+        let (addr, stop_tx, task) = start(s).await;
+        let frames = [
+            Message::Hello { name: "s1".into() },
+            Message::Report(ServerReport { server: 3, ..Default::default() }),
+            Message::Stray(rein_core::pshift::StrayArrival { server: 7, bucket: 0, heard: (0, 0) }),
+            Message::Pong { t0: 1, t1: 1, next_round: 0, next_ns: 0, interval_ns: 0 },
+        ];
+        let wants = [
+            "pShift controller: a second hello (a server says hello once, before its welcome); closing its connection \
+             server=s1",
+            "pShift controller: a report naming server 3 on server 1's connection; closing its connection server=s2",
+            "pShift controller: a stray note naming server 7 on server 2's connection; closing its connection \
+             server=s3",
+            "pShift controller: a pong frame, which only a controller sends; closing its connection server=s4",
+        ];
+        for (k, m) in frames.into_iter().enumerate() {
+            let (mut rd, mut wr, mut buf, welcome) = hello(addr, &format!("s{}", k + 1)).await;
+            assert!(matches!(welcome, Message::Welcome { .. }), "{welcome:?}");
+            write_frame(&mut wr, &m).await.unwrap();
+            // Closed: every frame up to the close is read, then the end.
+            let end = tokio::time::timeout(Duration::from_secs(5), async {
+                while read_frame(&mut rd, &mut buf).await.is_ok() {}
+            });
+            assert!(end.await.is_ok(), "server {} not cut", k + 1);
+        }
+        let said = || String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !wants.iter().all(|w| said().contains(w)) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let said = said();
+        for want in wants {
+            assert!(said.contains(want), "{want}\nnot in\n{said}");
+        }
+        let _ = stop_tx.send(());
+        task.await.unwrap().unwrap();
+    }
+
     /// The event queue at its bound: with the controller's task taking no events, a server's reader
     /// stops once [`EVENT_QUEUE`] of its frames wait (the rest stay in the socket: the peer is slowed,
     /// not buffered, and not cut); once they are taken, every frame follows, in order.
