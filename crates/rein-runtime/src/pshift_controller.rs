@@ -1443,6 +1443,56 @@ async fn write_within<W: tokio::io::AsyncWrite + Unpin>(
     })
 }
 
+/// Why the controller's task closes a welcomed server's connection ([`Task::refuse`]), logged as
+/// "pShift controller: {this}; closing its connection".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum CutFrame {
+    /// Its writer's queue is full: the server does not read.
+    #[error("its connection is {frames} frames behind (not reading)")]
+    Behind {
+        /// The queue's bound ([`WRITER_QUEUE`]).
+        frames: usize,
+    },
+    /// A report naming another server.
+    #[error("a report naming server {named} on server {on}'s connection")]
+    ReportForAnother {
+        /// The server the report names.
+        named: u32,
+        /// The server whose connection it came on.
+        on: usize,
+    },
+    /// A stray note naming another server.
+    #[error("a stray note naming server {named} on server {on}'s connection")]
+    StrayForAnother {
+        /// The server the note names.
+        named: u32,
+        /// The server whose connection it came on.
+        on: usize,
+    },
+    /// A hello after the welcome.
+    #[error("a second hello (a server says hello once, before its welcome)")]
+    SecondHello,
+    /// A frame only a controller sends.
+    #[error("a {frame} frame, which only a controller sends")]
+    ControllerFrame {
+        /// The frame's name ([`Message::name`]).
+        frame: &'static str,
+    },
+}
+
+impl CutFrame {
+    /// Why frame `m`, which the controller does not take from server `index` (a report or a stray note
+    /// naming another server, or a frame a server does not send), closes its connection.
+    fn of(index: usize, m: &Message) -> CutFrame {
+        match m {
+            Message::Report(r) => CutFrame::ReportForAnother { named: r.server, on: index },
+            Message::Stray(s) => CutFrame::StrayForAnother { named: s.server, on: index },
+            Message::Hello { .. } => CutFrame::SecondHello,
+            m => CutFrame::ControllerFrame { frame: m.name() },
+        }
+    }
+}
+
 /// A server's connection, as the controller's task holds it.
 struct Conn {
     /// The connection's number.
@@ -1545,11 +1595,11 @@ impl Task {
     fn send(&mut self, index: usize, m: Message) {
         let Some(Some(Conn { tx, .. })) = self.conns.get(index) else { return };
         if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(m) {
-            self.refuse(index, format!("its connection is {WRITER_QUEUE} frames behind (not reading)"));
+            self.refuse(index, CutFrame::Behind { frames: WRITER_QUEUE });
         }
     }
 
-    fn refuse(&mut self, index: usize, why: String) {
+    fn refuse(&mut self, index: usize, why: CutFrame) {
         if let Some(unlogged) = self.logs[index].cut.due() {
             tracing::warn!(server = %self.names[index], unlogged, "pShift controller: {why}; closing its connection");
         }
@@ -1646,19 +1696,7 @@ impl Task {
                     other => {
                         // Named: "unexpected report (or one naming another server)" left the reader to guess
                         // which, and whose.
-                        let why = match &other {
-                            Message::Report(r) => {
-                                format!("a report naming server {} on server {index}'s connection", r.server)
-                            }
-                            Message::Stray(s) => {
-                                format!("a stray note naming server {} on server {index}'s connection", s.server)
-                            }
-                            Message::Hello { .. } => {
-                                "a second hello (a server says hello once, before its welcome)".to_string()
-                            }
-                            m => format!("a {} frame, which only a controller sends", m.name()),
-                        };
-                        self.refuse(index, why)
+                        self.refuse(index, CutFrame::of(index, &other))
                     }
                 }
             }
@@ -2873,6 +2911,7 @@ mod tests {
              server=s3",
             "pShift controller: a pong frame, which only a controller sends; closing its connection server=s4",
         ];
+        let frames_again = frames.clone();
         for (k, m) in frames.into_iter().enumerate() {
             let (mut rd, mut wr, mut buf, welcome) = hello(addr, &format!("s{}", k + 1)).await;
             assert!(matches!(welcome, Message::Welcome { .. }), "{welcome:?}");
@@ -2892,6 +2931,21 @@ mod tests {
         for want in wants {
             assert!(said.contains(want), "{want}\nnot in\n{said}");
         }
+        // Typed: the variant each of those frames is cut as (on the connection of server k), with what it
+        // names, and its text the line's; and the text of a connection that does not read.
+        let whys: Vec<CutFrame> = frames_again.iter().enumerate().map(|(k, m)| CutFrame::of(k, m)).collect();
+        assert!(matches!(whys[0], CutFrame::SecondHello), "{:?}", whys[0]);
+        assert!(matches!(whys[1], CutFrame::ReportForAnother { named: 3, on: 1 }), "{:?}", whys[1]);
+        assert!(matches!(whys[2], CutFrame::StrayForAnother { named: 7, on: 2 }), "{:?}", whys[2]);
+        assert!(matches!(whys[3], CutFrame::ControllerFrame { frame: "pong" }), "{:?}", whys[3]);
+        for (why, want) in whys.iter().zip(wants) {
+            let line = format!("pShift controller: {why}; closing its connection");
+            assert!(want.starts_with(&line), "{line} / {want}");
+        }
+        assert_eq!(
+            CutFrame::Behind { frames: WRITER_QUEUE }.to_string(),
+            "its connection is 256 frames behind (not reading)"
+        );
         let _ = stop_tx.send(());
         task.await.unwrap().unwrap();
     }
