@@ -605,24 +605,11 @@ mod tests {
             steps: Vec::new(),
         };
         let samples = vec![(0.0, vec![HostSample { at: Duration::ZERO, completed: 0, latency_sum_ns: 0 }])];
-        let log = Arc::new(Mutex::new(Vec::<u8>::new()));
-        struct Capture(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Capture {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let to = log.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_writer(move || Capture(to.clone())).with_ansi(false).without_time().finish();
+        let logs = rein_testkit::Logs::new();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let report = tracing::subscriber::with_default(subscriber, || rt.block_on(poller.finish(&sc, samples)));
+        let report = tracing::subscriber::with_default(logs.subscriber(), || rt.block_on(poller.finish(&sc, samples)));
         assert!(report.is_some());
-        let log = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+        let log = logs.text();
         let line = |word: &str| log.lines().find(|l| l.contains(word)).unwrap_or_else(|| panic!("{word}: {log}"));
         let conflict = line("its own id");
         assert!(conflict.starts_with("ERROR"), "{log}");

@@ -561,24 +561,9 @@ mod tests {
 
     /// The lines logged by `f` while it runs (a subscriber on this thread only).
     fn logged(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let logs = Captured::default();
-        let writer = logs.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).without_time().finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
-        text
+        let logs = rein_testkit::Logs::new();
+        tracing::subscriber::with_default(logs.subscriber(), f);
+        logs.text()
     }
 
     /// The refusals' exact texts: what the client is told (every option's NBD_REP_ERR_POLICY message, as

@@ -2872,23 +2872,9 @@ mod tests {
     /// are logged at most once a second.
     #[tokio::test]
     async fn cut_frames_read_as_before() {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let logs = Captured::default();
-        let writer = logs.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).without_time().finish();
+        let logs = rein_testkit::Logs::new();
         // This test's runtime runs every task on this thread, where the subscriber is the default.
-        let _default = tracing::subscriber::set_default(subscriber);
+        let _default = tracing::subscriber::set_default(logs.subscriber());
         let servers: String =
             (1..=4).map(|k| format!("[[servers]]\nname = \"s{k}\"\ncapacity_iops = 1000\n")).collect();
         let text = format!(
@@ -2922,7 +2908,7 @@ mod tests {
             });
             assert!(end.await.is_ok(), "server {} not cut", k + 1);
         }
-        let said = || String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+        let said = || logs.text();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !wants.iter().all(|w| said().contains(w)) && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;

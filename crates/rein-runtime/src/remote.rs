@@ -2961,28 +2961,14 @@ mod tests {
     /// the first reply answered completes.
     #[tokio::test]
     async fn a_nodes_second_reply_is_named_as_such() {
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let logs = Captured::default();
-        let writer = logs.clone();
-        let subscriber =
-            tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).without_time().finish();
+        let logs = rein_testkit::Logs::new();
         // This test's runtime runs every task on this thread, where the subscriber is the default.
-        let _default = tracing::subscriber::set_default(subscriber);
+        let _default = tracing::subscriber::set_default(logs.subscriber());
         let (a, _) = fake_node(1 << 16, 2).await;
         let (b, _) = fake_node(1 << 16, 1).await;
         let volume = rho_volume(a, b).await;
         assert!(read_at(&volume, 0).await.is_ok(), "the first reply answers the read");
-        let said = || String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+        let said = || logs.text();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !said().contains("node connection lost") && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;

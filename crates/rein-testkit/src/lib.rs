@@ -15,11 +15,16 @@
 //! sits below all of them. (rein-runtime's own `testkit` module is something else: fake NBD servers for
 //! its unit tests.)
 //!
+//! Also [`Logs`]: a daemon's log lines captured from `tracing`, for the tests that check what it says
+//! (four tests had each written their own writer and subscriber).
+//!
 //! What needs root (attaching a loop device, `mkfs`, `mount`, `mknod`) is tried, and where it cannot be
 //! done here the constructor says `skipped: ...` on stderr and returns `None`: the test returns early.
 #![forbid(unsafe_code)]
 
+mod logs;
 mod loop_device;
 pub mod pki;
 
+pub use logs::Logs;
 pub use loop_device::{LoopDev, LoopFs};
