@@ -489,6 +489,18 @@ pub enum TableError {
     },
 }
 
+/// A server's own table (its `[mclock]` or `[device_model]`) that cannot be written: the one failure a
+/// node's config ([`ConfigWriteError::ServerTable`]) and a pShift node's
+/// ([`pshift::NodeWriteError::Table`]) share; the message names the server once, then the table.
+#[derive(Debug, thiserror::Error)]
+#[error("server {server}: {table}")]
+pub struct ServerTableError {
+    /// The server.
+    pub server: String,
+    /// Why its table cannot be written.
+    pub table: TableError,
+}
+
 /// Routing shares that make no stripe widths ([`widths`]); the caller names the tenant.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SharesError {
@@ -544,13 +556,8 @@ pub enum StripeError {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigWriteError {
     /// A node's `[mclock]` or `[device_model]` table (the server's own).
-    #[error("server {server}: {table}")]
-    ServerTable {
-        /// The server.
-        server: String,
-        /// Why its table cannot be written.
-        table: TableError,
-    },
+    #[error(transparent)]
+    ServerTable(#[from] ServerTableError),
     /// A PARDA host's `[parda]` or `[mclock]` table: the scenario's, the same on every host.
     #[error(transparent)]
     Table(TableError),
@@ -1175,7 +1182,7 @@ fn node_config(
         t.push_str("\n[node]\nenabled = true\nspecs = \"node\"\n");
     }
     t.push('\n');
-    let server_table = |table| ConfigWriteError::ServerTable { server: s.name.clone(), table };
+    let server_table = |table| ServerTableError { server: s.name.clone(), table };
     t.push_str(&mclock_table(&s.sched).map_err(server_table)?);
     t.push('\n');
     t.push_str(&device_table(&s.device, sc.seed(), s.stream as u64).map_err(server_table)?);
@@ -1492,7 +1499,7 @@ mod tests {
         let e = node_config(&sc, &s1, nbd, admin, "node-s1", &[], false).unwrap_err();
         assert_eq!(e.to_string(), format!("server {}: {no_form}", s1.name));
         assert!(
-            matches!(&e, ConfigWriteError::ServerTable { server, table: TableError::CostModel(m) } if *server == s1.name && *m == per_byte),
+            matches!(&e, ConfigWriteError::ServerTable(ServerTableError { server, table: TableError::CostModel(m) }) if *server == s1.name && *m == per_byte),
             "{e:?}"
         );
         let mut s0 = sc.servers()[0].clone();

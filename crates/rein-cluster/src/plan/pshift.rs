@@ -28,7 +28,7 @@
 
 use super::{
     budget_lines, device_table, export_mb, f, mclock_table, q, tenant_entry, ExportsError, Invalid, NodePlan,
-    PlanError, TableError,
+    PlanError, ServerTableError,
 };
 use rein_core::Nanos;
 use rein_sim::model::pshift::{BucketLoad, BucketPlan, PshiftSection};
@@ -120,13 +120,8 @@ pub enum ControllerWriteError {
 #[derive(Debug, thiserror::Error)]
 pub enum NodeWriteError {
     /// The server's `[mclock]` or `[device_model]` table.
-    #[error("server {server}: {table}")]
-    Table {
-        /// The server.
-        server: String,
-        /// Why its table cannot be written.
-        table: TableError,
-    },
+    #[error(transparent)]
+    Table(#[from] ServerTableError),
     /// A bucket's node-local QoS (its weight alone) is refused.
     #[error("bucket {bucket}: {source}")]
     Bucket {
@@ -243,7 +238,7 @@ pub(super) fn node_config(
         budget_lines(&users, sc.duration()),
     );
     t.push('\n');
-    let table = |table| NodeWriteError::Table { server: s.name.clone(), table };
+    let table = |table| ServerTableError { server: s.name.clone(), table };
     t.push_str(&mclock_table(&s.sched).map_err(table)?);
     t.push('\n');
     t.push_str(&device_table(&s.device, sc.seed(), i as u64).map_err(table)?);
@@ -342,12 +337,12 @@ mod tests {
     /// invariant 1's checks (no scenario reaches them), their texts checked on the values.
     #[test]
     fn refusals_are_typed_naming_the_server_or_bucket_once() {
-        use super::super::TableError;
+        use super::super::{ServerTableError, TableError};
         use super::{ControllerWriteError, NodeWriteError};
         let per_byte = rein_core::CostModel::PerByte { unit_bytes: 4096 };
         // A validated scenario's tables are those a file can write (and cannot be changed into others),
         // so the table's refusal is checked on the value.
-        let e = NodeWriteError::Table { server: "s3".into(), table: TableError::CostModel(per_byte) };
+        let e = NodeWriteError::Table(ServerTableError { server: "s3".into(), table: TableError::CostModel(per_byte) });
         assert_eq!(e.to_string(), "server s3: cost model PerByte { unit_bytes: 4096 } has no rein.toml form");
         let source = rein_core::QosSpec::new(0.0, None, -1.0, 0).unwrap_err();
         let e = NodeWriteError::Bucket { bucket: "b1".into(), source: source.clone() };
