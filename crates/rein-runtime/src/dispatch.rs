@@ -870,15 +870,23 @@ impl Dispatcher {
     /// tokens did not plan for is noted on `a.strays_to`. Errors: the scheduler is not pShift's token
     /// scheduler (`scheduler = "token"`), or the dispatcher has stopped.
     pub async fn pshift_attach(&self, a: PshiftAttach) -> Result<(), PshiftError> {
-        let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::PshiftAttach(a, tx)).await.map_err(|_| PshiftError::ShuttingDown)?;
-        rx.await.map_err(|_| PshiftError::ShuttingDown)?
+        self.ask_pshift(|tx| Cmd::PshiftAttach(a, tx)).await
     }
 
     /// pShift: the report for boundary `round` (`early` = 0) or its early round `early`.
     pub async fn pshift_report(&self, round: u64, early: u32) -> Result<ServerReport, PshiftError> {
+        self.ask_pshift(|tx| Cmd::PshiftReport(round, early, tx)).await
+    }
+
+    /// Sends the dispatcher the pShift command `cmd` makes around a reply channel and waits for its
+    /// answer; a dispatcher that has stopped (the command not taken, or dropped unanswered) is
+    /// [`PshiftError::ShuttingDown`].
+    async fn ask_pshift<T>(
+        &self,
+        cmd: impl FnOnce(oneshot::Sender<Result<T, PshiftError>>) -> Cmd,
+    ) -> Result<T, PshiftError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::PshiftReport(round, early, tx)).await.map_err(|_| PshiftError::ShuttingDown)?;
+        self.tx.send(cmd(tx)).await.map_err(|_| PshiftError::ShuttingDown)?;
         rx.await.map_err(|_| PshiftError::ShuttingDown)?
     }
 
@@ -1809,6 +1817,32 @@ mod tests {
         let e = d.pshift_attach(attach()).await.unwrap_err();
         assert!(matches!(e, PshiftError::NotToken { running: "sfq" }), "{e:?}");
         assert!(matches!(d.pshift_report(0, 0).await.unwrap_err(), PshiftError::NotWelcomed));
+    }
+
+    /// A dispatcher that takes a pShift call and drops it unanswered (its loop ending between receiving
+    /// and answering) has stopped, as one that no longer takes calls: both calls read "the server is
+    /// shutting down" ([`Dispatcher::ask_pshift`]'s second way to fail; the test above reaches the first).
+    #[tokio::test]
+    async fn a_pshift_call_dropped_unanswered_is_shutting_down() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let d = Dispatcher { tx, clock: Clock::new() };
+        let taken = tokio::spawn(async move {
+            let mut n = 0;
+            while let Some(cmd) = rx.recv().await {
+                assert!(matches!(cmd, Cmd::PshiftAttach(..) | Cmd::PshiftReport(..)));
+                n += 1;
+                drop(cmd);
+            }
+            n
+        });
+        let (strays_to, _) = mpsc::unbounded_channel();
+        let a = PshiftAttach { server: 0, strays: false, buckets: vec![], limited: vec![], strays_to };
+        let e = d.pshift_attach(a).await.unwrap_err();
+        assert!(matches!(e, PshiftError::ShuttingDown), "{e:?}");
+        let e = d.pshift_report(3, 1).await.unwrap_err();
+        assert_eq!(e.to_string(), "the server is shutting down");
+        drop(d);
+        assert_eq!(taken.await.unwrap(), 2, "both calls were taken, then dropped");
     }
 
     /// A pShift report's busy time leaves out a stall of the process that fell while an IO was at the
