@@ -365,6 +365,42 @@ pub fn parse_scheduler(s: &str) -> Result<(SchedulerKind, bool), UnknownSimSched
     }
 }
 
+/// A scheduler of a scenario as a name parses ([`parse_scheduler`]), with the name as given: the reports
+/// name it so (`lfq` runs [`SchedulerKind::Sfq`] and reports `lfq`). `rein sim --scheduler NAME` parses
+/// it once, on the command line (its [`FromStr`](std::str::FromStr)), and hands it on typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedScheduler {
+    name: String,
+    kind: SchedulerKind,
+    distributed: bool,
+}
+
+impl NamedScheduler {
+    /// The name as given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The core's scheduler it runs.
+    pub fn kind(&self) -> SchedulerKind {
+        self.kind
+    }
+
+    /// Whether it is distributed (piggybacks delta/rho).
+    pub fn distributed(&self) -> bool {
+        self.distributed
+    }
+}
+
+impl std::str::FromStr for NamedScheduler {
+    type Err = UnknownSimScheduler;
+
+    fn from_str(s: &str) -> Result<NamedScheduler, UnknownSimScheduler> {
+        let (kind, distributed) = parse_scheduler(s)?;
+        Ok(NamedScheduler { name: s.to_string(), kind, distributed })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,6 +426,17 @@ mod tests {
         );
         assert_eq!(parse_scheduler("DTFQ").unwrap(), (SchedulerKind::Sfq, true));
         assert_eq!(parse_scheduler("Rbfq").unwrap(), (SchedulerKind::Rbfq, true));
+    }
+
+    /// A named scheduler is what [`parse_scheduler`] makes of its name, with the name as given; a name
+    /// that is none is refused as [`parse_scheduler`] refuses it.
+    #[test]
+    fn a_named_scheduler_keeps_its_name_as_given() {
+        let s: NamedScheduler = "LFQ".parse().unwrap();
+        assert_eq!((s.name(), s.kind(), s.distributed()), ("LFQ", SchedulerKind::Sfq, false));
+        let s: NamedScheduler = "dmclock".parse().unwrap();
+        assert_eq!((s.name(), s.kind(), s.distributed()), ("dmclock", SchedulerKind::Dmclock, true));
+        assert_eq!("Wfq".parse::<NamedScheduler>().unwrap_err(), UnknownSimScheduler { name: "wfq".into() });
     }
 
     #[test]

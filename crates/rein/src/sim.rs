@@ -5,6 +5,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use rein_model::report::hosts::HostsSummary;
 use rein_sim::check::{CheckResult, Sabotage};
+use rein_sim::model::NamedScheduler;
 use rein_sim::{RunTotals, Scenario};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ pub(crate) struct SimArgs {
     pub(crate) seed: Option<u64>,
     /// Run every server on this scheduler instead (mclock, dmclock, rbfq, sfq, fifo, lfq, dtfq).
     #[arg(long)]
-    pub(crate) scheduler: Option<String>,
+    pub(crate) scheduler: Option<NamedScheduler>,
     /// Run with a deliberately wrong scheduler, to see the checks fail: fifo, no-delta-rho, fixed-window,
     /// no-controller, no-shift (docs/scenarios.md).
     #[arg(long)]
@@ -58,10 +59,10 @@ pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
                 sc.label()
             );
         }
-        // A name that is no scheduler is the command line's error, not the scenario's.
-        rein_sim::model::parse_scheduler(s).map_err(anyhow::Error::msg)?;
-        // Held to what the file may say: `scheduler = "token"` outside [pshift] is refused, so is this.
-        sc = sc.with_scheduler_named(s).map_err(|e| anyhow::anyhow!("{e} (from --scheduler {s})"))?;
+        // A name that is no scheduler is the command line's error (clap's, from the parse), not the
+        // scenario's. Held to what the file may say: `scheduler = "token"` outside [pshift] is refused, so
+        // is this.
+        sc = sc.with_scheduler_named(s).map_err(|e| anyhow::anyhow!("{e} (from --scheduler {})", s.name()))?;
     }
     if let Some(name) = &args.sabotage {
         let Some(sabotage) = Sabotage::ALL.into_iter().find(|x| x.name() == name) else {
@@ -504,6 +505,28 @@ pub(crate) fn report(
 
 #[cfg(test)]
 mod tests {
+    /// `--scheduler NAME` is parsed once, by clap, into the typed scheduler `load` hands on: a name that
+    /// is none is the command line's error, naming the value and the known names; one that is keeps its
+    /// name as given (the reports').
+    #[test]
+    fn the_scheduler_is_parsed_once_on_the_command_line() {
+        use clap::Parser;
+        let parse = |name: &str| crate::Cli::try_parse_from(["rein", "sim", "s.toml", "--scheduler", name]);
+        let e = parse("wfq").unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+        let e = e.to_string();
+        assert!(e.contains("invalid value 'wfq' for '--scheduler <SCHEDULER>'"), "{e}");
+        assert!(
+            e.contains(
+                "unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)"
+            ),
+            "{e}"
+        );
+        let crate::Cmd::Sim(args) = parse("LFQ").unwrap().cmd else { panic!("not rein sim") };
+        let s = args.scheduler.expect("--scheduler given");
+        assert_eq!((s.name(), s.kind(), s.distributed()), ("LFQ", rein_core::SchedulerKind::Sfq, false));
+    }
+
     #[test]
     fn spec_values_print_without_float_noise() {
         assert_eq!(super::rate(9.6 * 1.5), "14.4");

@@ -149,6 +149,13 @@ fn bad_arguments_are_clear_errors() {
     assert!(!ok && e.contains("cannot read scenario /nonexistent/x.toml"), "{e}");
     let (ok, _, e) = rein(&["demo", "--scheduler", "wfq"]);
     assert!(!ok && e.contains("unknown scheduler"), "{e}");
+    // `rein sim --scheduler`: a name that is none is the command line's error, naming the value and the
+    // known names once, before the scenario is read.
+    let (ok, out, e) = rein(&["sim", "/nonexistent/x.toml", "--scheduler", "wfq"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    let known = "unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)";
+    assert!(e.contains("invalid value 'wfq' for '--scheduler <SCHEDULER>'") && e.contains(known), "{e}");
+    assert_eq!((e.matches("wfq").count(), e.matches("cannot read scenario").count()), (2, 0), "{e}");
     // The token scheduler outside [pshift] is plain round robin labelled token: refused on the command
     // line as in the file (it ran, and its checks were judged, before).
     let (_dir, sc) = with_scenario("token", TINY);

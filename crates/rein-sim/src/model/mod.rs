@@ -16,7 +16,7 @@ pub mod tenant;
 
 pub use expect::{ExpectError, ExpectFault, Expectation};
 pub use group::Group;
-pub use server::{parse_scheduler, Server, ServerError, ServerFault};
+pub use server::{parse_scheduler, NamedScheduler, Server, ServerError, ServerFault};
 pub use tenant::{Tenant, TenantError, TenantFault};
 
 use crate::file::{FileError, ScenarioFile};
@@ -489,14 +489,12 @@ impl Scenario {
         Ok(s)
     }
 
-    /// A copy running every server on the scheduler `name` names ([`parse_scheduler`]), as
-    /// [`Scenario::with_scheduler`] does, with `name` as given for the reports' scheduler (`rein sim
-    /// --scheduler lfq` reports `lfq`, not the `sfq` it runs). A name that names no scheduler is refused.
-    pub fn with_scheduler_named(&self, name: &str) -> Result<Scenario, ScenarioError> {
-        let (kind, distributed) = parse_scheduler(name)
-            .map_err(|e| ScenarioError::Invalid { scenario: self.label(), error: ModelError::Scheduler(e) })?;
-        let mut s = self.with_scheduler(kind, distributed)?;
-        s.scheduler_name = name.to_string();
+    /// A copy running every server on the scheduler `named` ([`NamedScheduler`], parsed once where its
+    /// name was given), as [`Scenario::with_scheduler`] does, with its name as given for the reports'
+    /// scheduler (`rein sim --scheduler lfq` reports `lfq`, not the `sfq` it runs).
+    pub fn with_scheduler_named(&self, named: &NamedScheduler) -> Result<Scenario, ScenarioError> {
+        let mut s = self.with_scheduler(named.kind(), named.distributed())?;
+        s.scheduler_name = named.name().to_string();
         Ok(s)
     }
 
@@ -952,17 +950,17 @@ mod tests {
     }
 
     /// `rein sim --scheduler NAME`'s copy: every server on the scheduler NAME names, reported under NAME as
-    /// given; a name that is none, or one the scenario's section does not allow, refused and nothing kept.
+    /// given; one the scenario's section does not allow refused and nothing kept (a name that is none is
+    /// refused where it is parsed, [`NamedScheduler`]).
     #[test]
     fn a_named_scheduler_runs_everywhere_under_its_name() {
         let sc = Scenario::from_toml(BASE, None).unwrap();
-        let s = sc.with_scheduler_named("LFQ").unwrap();
+        let named = |name: &str| name.parse::<NamedScheduler>().unwrap();
+        let s = sc.with_scheduler_named(&named("LFQ")).unwrap();
         assert_eq!(s.scheduler_name(), "LFQ");
         assert!(s.servers().iter().all(|srv| srv.scheduler == SchedulerKind::Sfq && !srv.distributed));
         assert_eq!(sc.scheduler_name(), "mclock", "the original is unchanged");
-        let e = sc.with_scheduler_named("wfq").unwrap_err().to_string();
-        assert!(e.starts_with("scenario \"t\": unknown scheduler \"wfq\""), "{e}");
-        let e = sc.with_scheduler_named("token").unwrap_err();
+        let e = sc.with_scheduler_named(&named("token")).unwrap_err();
         assert!(
             matches!(
                 &e,

@@ -29,7 +29,7 @@ pub struct Server {
     pub stream: usize,
 }
 
-pub use rein_model::sched_settings::parse_scheduler;
+pub use rein_model::sched_settings::{parse_scheduler, NamedScheduler};
 
 /// A `[[servers]]` entry that is refused: the server, and what is wrong. Its message is `server NAME:
 /// ...`.
