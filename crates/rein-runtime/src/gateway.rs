@@ -212,9 +212,8 @@ async fn record_layouts(
     layouts: Option<(std::path::PathBuf, Layouts)>,
 ) -> Result<(), layouts::LayoutWriteError> {
     let Some((path, volumes)) = layouts else { return Ok(()) };
-    let written = tokio::task::spawn_blocking(move || layouts::write(&path, volumes.clone()).map(|()| volumes))
-        .await
-        .unwrap_or_else(|e| Err(layouts::LayoutWriteError::WriterStopped(e)))?;
+    let writer = tokio::task::spawn_blocking(move || layouts::write(&path, volumes.clone()).map(|()| volumes));
+    let written = layouts::writer_answer(writer).await?;
     *recorded = Some(written);
     Ok(())
 }

@@ -278,6 +278,15 @@ pub fn write(path: &Path, volumes: BTreeMap<String, Layout>) -> Result<(), Layou
     crate::durable::write(path, &bytes).map_err(LayoutWriteError::Write)
 }
 
+/// The answer of the thread that writes the layouts (`writer`, a blocking task around [`write()`]); one
+/// that stopped before it answered (it panicked, or the runtime shut down) is
+/// [`LayoutWriteError::WriterStopped`].
+pub(crate) async fn writer_answer<T>(
+    writer: tokio::task::JoinHandle<Result<T, LayoutWriteError>>,
+) -> Result<T, LayoutWriteError> {
+    writer.await.unwrap_or_else(|e| Err(LayoutWriteError::WriterStopped(e)))
+}
+
 /// The volumes of `now` whose layout differs from their record in `recorded`, one line each with both
 /// layouts; volumes without a record are not named.
 pub fn differences<'a>(recorded: &LayoutFile, now: impl IntoIterator<Item = (&'a str, Layout)>) -> Vec<String> {
@@ -298,6 +307,23 @@ pub fn differences<'a>(recorded: &LayoutFile, now: impl IntoIterator<Item = (&'a
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A layout writer that panics before it answers is [`LayoutWriteError::WriterStopped`], its message
+    /// naming the file's key, the stop and the panic once; one that answers is its answer.
+    #[tokio::test]
+    async fn a_writer_that_panics_is_a_stopped_writer() {
+        let panics = tokio::task::spawn_blocking(|| -> Result<(), LayoutWriteError> { panic!("the disk went away") });
+        let e = writer_answer(panics).await.unwrap_err();
+        assert!(matches!(&e, LayoutWriteError::WriterStopped(j) if j.is_panic()), "{e:?}");
+        let text = e.to_string();
+        assert!(text.starts_with("layout_file: the writer stopped: task "), "{text}");
+        assert!(text.ends_with(" panicked with message \"the disk went away\""), "{text}");
+        assert_eq!(text.matches("layout_file").count(), 1, "{text}");
+        let answers = tokio::task::spawn_blocking(|| Ok::<_, LayoutWriteError>(7));
+        assert_eq!(writer_answer(answers).await.unwrap(), 7);
+        let too_large = tokio::task::spawn_blocking(|| Err::<(), _>(LayoutWriteError::TooLarge { bytes: 2, max: 1 }));
+        assert!(matches!(writer_answer(too_large).await, Err(LayoutWriteError::TooLarge { bytes: 2, max: 1 })));
+    }
 
     fn layout(nodes: &[(&str, u32)]) -> Layout {
         Layout {
