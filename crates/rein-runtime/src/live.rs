@@ -1748,18 +1748,24 @@ mod tests {
             let _ = reg.add_export(j).await;
         };
         let check = |reg: Arc<Registry>, dir: Arc<tempfile::TempDir>, cut: usize| async move {
-            // The file is created on a blocking thread: wait for the change to settle.
-            let (mut listed, mut tabled, mut file) = (false, false, false);
-            for _ in 0..200 {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                let inner = reg.changes.lock().await;
-                listed = inner.effective.exports.iter().any(|e| e.name == "x");
-                tabled = reg.exports.snapshot().iter().any(|e| e.info.name == "x");
-                file = std::fs::read_dir(dir.path()).unwrap().count() > 0;
-                if listed || !file {
+            // The file is created on a thread of its own (`on_own_thread`), which the change's task awaits:
+            // the state is read once that task has ended, and so has the thread's work in `dir`. Before,
+            // a look 5 ms in that found no file yet (a thread late on a busy machine) ended the check, and
+            // `dir` was removed while the thread went on to create the file in it: one created between
+            // the removal's last unlink and its rmdir left the directory behind.
+            let mut settled = false;
+            for _ in 0..2000 {
+                settled = reg.pending.lock().unwrap().iter().all(|t| t.is_finished());
+                if settled {
                     break;
                 }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
+            assert!(settled, "cut {cut}: the change's task still runs after 10 s");
+            let inner = reg.changes.lock().await;
+            let listed = inner.effective.exports.iter().any(|e| e.name == "x");
+            let tabled = reg.exports.snapshot().iter().any(|e| e.info.name == "x");
+            let file = std::fs::read_dir(dir.path()).unwrap().count() > 0;
             assert_eq!(
                 (listed, tabled),
                 (file, file),
