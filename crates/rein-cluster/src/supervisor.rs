@@ -763,19 +763,66 @@ pub fn temp_dir() -> Result<PathBuf, ClusterError> {
     Err(io("creating a temporary directory")(std::io::Error::other("1000 names taken")))
 }
 
-/// Port `k` of a process at `host` from `base` (`base + k`), or a free one when `base` is 0 (the OS's
-/// choice for a socket bound and closed at once: free now, so a child binding it next gets it unless
-/// another process takes it first).
-pub fn port(base: u16, host: std::net::Ipv4Addr, k: u16) -> std::io::Result<u16> {
-    if base != 0 {
-        return base.checked_add(k).ok_or_else(|| std::io::Error::other(format!("port {base} + {k} is above 65535")));
+/// The ports of a plan's processes (`--base-port`): port `k` of a process at `host` is `base + k`, or,
+/// with `base` 0, a free one (the OS's choice for a socket bound here). Each free port's socket stays
+/// bound until this is dropped, so that one plan never gets a port twice on one address: closed at once,
+/// the kernel could hand the same port out again for the next process or the next port of the same
+/// process (a node's NBD and admin ports equal, about one pair in 11,000: the node could not bind its
+/// admin port and `rein cluster up` failed before printing a line). Drop it once the plan is made: the
+/// children bind the ports next (one that another process takes first is still caught by the child's
+/// exit).
+pub struct Ports {
+    base: u16,
+    held: Vec<std::net::TcpListener>,
+}
+
+impl Ports {
+    /// Ports from `base` (0: free ones).
+    pub fn new(base: u16) -> Ports {
+        Ports { base, held: Vec::new() }
     }
-    Ok(std::net::TcpListener::bind((host, 0))?.local_addr()?.port())
+
+    /// Port `k` of the process at `host`.
+    pub fn port(&mut self, host: std::net::Ipv4Addr, k: u16) -> std::io::Result<u16> {
+        let base = self.base;
+        if base != 0 {
+            return base
+                .checked_add(k)
+                .ok_or_else(|| std::io::Error::other(format!("port {base} + {k} is above 65535")));
+        }
+        let l = std::net::TcpListener::bind((host, 0))?;
+        let port = l.local_addr()?.port();
+        self.held.push(l);
+        Ok(port)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--base-port 0`: the free ports of one plan are distinct on each address. Each was a socket bound
+    /// and closed at once, so the kernel could hand the same port out again for the next (one pair in
+    /// about 11,000 here: a node's NBD and admin ports equal, its admin bind refused, `rein cluster up`
+    /// failed before printing a line); now each is held until the plan is made. 500 on one address: the
+    /// old way repeats one with a probability of about 1 - 1e-4.
+    #[test]
+    fn the_free_ports_of_one_plan_are_distinct() {
+        let host = std::net::Ipv4Addr::new(127, 0, 0, 241);
+        let mut ports = Ports::new(0);
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..500u16 {
+            let p = ports.port(host, i % 3).unwrap();
+            assert!(seen.insert(p), "port {p} handed out twice (the {i}th)");
+        }
+        // Released once the plan is made: the children bind them.
+        drop(ports);
+        let p = *seen.first().unwrap();
+        std::net::TcpListener::bind((host, p)).expect("a port of a dropped Ports is free again");
+        assert_eq!(Ports::new(100).port(host, 1).unwrap(), 101);
+        let e = Ports::new(65535).port(host, 1).unwrap_err().to_string();
+        assert_eq!(e, "port 65535 + 1 is above 65535");
+    }
 
     /// A PARDA host's UDP port for the other hosts' reports is checked with the TCP ports: held by
     /// another process, the plan is refused before anything starts, naming it (the host failed to bind

@@ -95,8 +95,11 @@ fn start_with(
         (Some(d), Some(s)) => Some(d.sub(s)?),
         (d, _) => d.cloned(),
     };
-    let base = a.base_port;
-    let plan = Plan::at(sc, a.first_address, |h, k| rein_cluster::supervisor::port(base, h, k))?;
+    // Free ports (`--base-port 0`) are held while the plan is made, each one distinct, and released
+    // before the start checks them and the children bind them.
+    let mut ports = rein_cluster::supervisor::Ports::new(a.base_port);
+    let plan = Plan::at(sc, a.first_address, |h, k| ports.port(h, k))?;
+    drop(ports);
     let (started, signalled) =
         interruptible(rt, signals, |stop| Supervisor::start(&plan, &exe, dir.as_ref(), READY_TIMEOUT, stop));
     match (started, signalled) {
