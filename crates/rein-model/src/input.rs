@@ -214,8 +214,9 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn only_a_regular_file_is_read_and_a_fifo_is_never_opened() {
-        let dir = std::env::temp_dir().join(format!("rein-model-regular-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when dropped, also when an assertion fails.
+        let tmp = tempfile::Builder::new().prefix("rein-model-regular-").tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         let fifo = dir.join("fifo");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
         // Run apart, so a regression fails the test rather than hanging it.
@@ -237,13 +238,13 @@ mod tests {
         std::os::unix::fs::symlink(&file, &link).unwrap();
         assert_eq!(read_text_regular(&link, 10).unwrap(), "0123456789");
         assert_eq!(read_regular(&file, 9).unwrap_err().kind(), std::io::ErrorKind::FileTooLarge);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_file_is_read_up_to_its_bound_and_refused_beyond() {
-        let dir = std::env::temp_dir().join(format!("rein-model-input-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when dropped, also when an assertion fails.
+        let tmp = tempfile::Builder::new().prefix("rein-model-input-").tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         let p = dir.join("f");
         std::fs::write(&p, "0123456789").unwrap();
         assert_eq!(text(read_bounded(&p, 10).unwrap()).unwrap(), "0123456789");
@@ -251,7 +252,6 @@ mod tests {
         assert_eq!((e.kind(), e.to_string()), (std::io::ErrorKind::FileTooLarge, "larger than 9 bytes".into()));
         std::fs::write(&p, [0xff, 0xfe]).unwrap();
         assert_eq!(text(read_bounded(&p, 10).unwrap()).unwrap_err().kind(), std::io::ErrorKind::InvalidData);
-        std::fs::remove_dir_all(&dir).unwrap();
         // A device that never ends (its stated size is 0): refused at the bound, not read for ever.
         if Path::new("/dev/zero").exists() {
             assert_eq!(

@@ -1771,8 +1771,9 @@ mod tests {
     /// records of all of a scenario's traces are bounded, with an error naming the file and the total.
     #[test]
     fn a_trace_is_loaded_once_per_scenario_and_bounded_in_all() {
-        let dir = std::env::temp_dir().join(format!("rein-model-shared-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when dropped, also when an assertion fails.
+        let tmp = tempfile::Builder::new().prefix("rein-model-shared-").tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         std::fs::write(dir.join("a.trace"), "0 0 0 8 1\n10 1 8 8 1\n20 0 16 8 1\n").unwrap();
         std::fs::write(dir.join("b.trace"), "0 0 0 8 1\n10 0 8 8 1\n20 0 16 8 1\n").unwrap();
         let params = |path: &str| {
@@ -1807,7 +1808,6 @@ mod tests {
             "{e}"
         );
         assert_eq!(cache.records(), 5);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A trace workload of the file `t.trace` (in the directory given to `validate`), every device.
@@ -1821,8 +1821,9 @@ mod tests {
     /// named as `(device filter [])` for an empty file, read as a setting to look for).
     #[test]
     fn an_empty_trace_says_it_has_no_records() {
-        let dir = std::env::temp_dir().join(format!("rein-model-empty-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when dropped, also when an assertion fails.
+        let tmp = tempfile::Builder::new().prefix("rein-model-empty-").tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         std::fs::write(dir.join("t.trace"), "# nothing but a comment\n\n").unwrap();
         let p = trace_of_t(1.0, false);
         let e = |devices: &[u32]| p.validate(Nanos::from_secs(10), Some(&dir), devices).unwrap_err().to_string();
@@ -1830,7 +1831,6 @@ mod tests {
         assert_eq!(e(&[]), format!("trace {path} has no records (the file holds no request lines)"));
         std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n").unwrap();
         assert_eq!(e(&[7]), format!("trace {path} has no records (device filter [7])"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// `e` matches `pat`, and says exactly `text`.
@@ -1976,8 +1976,9 @@ mod tests {
     /// repeated trace at one instant; typed, with the file, as [`each_refusal_is_typed_with_its_field_and_value`].
     #[test]
     fn each_refusal_of_a_trace_is_typed_with_its_file() {
-        let dir = std::env::temp_dir().join(format!("rein-model-typed-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when dropped, also when an assertion fails.
+        let tmp = tempfile::Builder::new().prefix("rein-model-typed-").tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         let path = dir.join("t.trace");
         let ten = Nanos::from_secs(10);
         std::fs::write(&path, "0 0 0 8 1\n10 1 8 8 1\n20 0 16 8 1\n").unwrap();
@@ -2012,13 +2013,13 @@ mod tests {
                  records that span time, or it replays for ever at that instant"
             )
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn a_repeated_trace_must_span_time() {
-        let dir = std::env::temp_dir().join(format!("rein-model-repeat-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when dropped, also when an assertion fails.
+        let tmp = tempfile::Builder::new().prefix("rein-model-repeat-").tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         let run = |text: &str, time_scale: f64| {
             std::fs::write(dir.join("t.trace"), text).unwrap();
             trace_of_t(time_scale, true).validate(Nanos::from_secs(10), Some(&dir), &[]).map_err(|e| e.to_string())
@@ -2035,6 +2036,5 @@ mod tests {
         std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n").unwrap();
         let once = trace_of_t(1.0, false);
         assert!(once.validate(Nanos::from_secs(10), Some(&dir), &[]).is_ok());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

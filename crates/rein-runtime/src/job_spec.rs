@@ -437,8 +437,9 @@ mod tests {
     /// `trace.repeat` and `trace.time_scale`), and a relative path is read from the working directory.
     #[test]
     fn a_trace_job_names_its_own_keys() {
-        let dir = std::env::temp_dir().join(format!("rein-job-spec-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // Removed when dropped, also when an assertion fails.
+        let tmp = tempfile::Builder::new().prefix("rein-job-spec-").tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         let at_once = dir.join("at-once.trace");
         std::fs::write(&at_once, "0 0 0 8 1\n").unwrap();
         let spec = format!("name=a,trace={},repeat=1", at_once.display());
@@ -454,6 +455,5 @@ mod tests {
         assert!(e.contains(": repeat: the replay rate of") && e.contains("at time_scale 1e-9"), "{e}");
         let ok = parse(&format!("name=a,trace={},repeat=1", spread.display()), Nanos::from_secs(10)).unwrap();
         assert!(matches!(ok.workload.kind, rein_model::workload::WorkloadKind::Trace { repeat: true, .. }));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

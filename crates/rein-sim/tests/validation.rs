@@ -103,8 +103,9 @@ fn refuses_what_would_spin_or_exhaust_memory_or_check_nothing() {
 /// ignored SIGTERM for 14 minutes), record sizes past the bound, a type that is neither read nor write.
 #[test]
 fn refuses_traces_that_would_spin_or_overflow() {
-    let dir = std::env::temp_dir().join(format!("rein-sim-validation-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, also when an assertion fails.
+    let tmp = tempfile::Builder::new().prefix("rein-sim-validation-").tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     let with_trace = |text: &str, extra: &str| {
         std::fs::write(dir.join("t.trace"), text).unwrap();
         let sc =
@@ -120,7 +121,6 @@ fn refuses_traces_that_would_spin_or_overflow() {
     assert!(e.contains("t.trace line 1: size in sectors overflows"), "{e}");
     let e = with_trace("0 0 0 8 7\n", "").unwrap_err();
     assert!(e.contains("t.trace line 1: type must be 1 (read) or 0 (write)"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The bound on tenant-server pairs is applied to the scenario as written: 1,024 servers and 1,954
@@ -442,8 +442,9 @@ fn a_scenario_name_or_note_cannot_forge_output_lines() {
 /// 50 MB trace loaded it seventy times, gigabytes).
 #[test]
 fn tenants_on_one_trace_share_its_records() {
-    let dir = std::env::temp_dir().join(format!("rein-sim-shared-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, also when an assertion fails.
+    let tmp = tempfile::Builder::new().prefix("rein-sim-shared-trace-").tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     std::fs::write(dir.join("t.trace"), "0 0 0 8 1\n1000000 0 8 8 1\n").unwrap();
     let mut text =
         String::from("name = \"shared\"\nduration_s = 1\n[[servers]]\nname = \"s1\"\ncapacity_iops = 1000\n");
@@ -458,15 +459,15 @@ fn tenants_on_one_trace_share_its_records() {
         _ => unreachable!(),
     };
     assert!(std::sync::Arc::ptr_eq(&records(0), &records(1)) && std::sync::Arc::ptr_eq(&records(0), &records(2)));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A FIFO as a scenario's or a trace's path hung `rein sim` in its open (a review's f9_fifo): refused,
 /// naming the file and what it is. Each load runs apart, so a regression fails rather than hangs.
 #[test]
 fn a_fifo_as_a_scenario_or_trace_is_refused_not_waited_on() {
-    let dir = std::env::temp_dir().join(format!("rein-sim-fifo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, also when an assertion fails.
+    let tmp = tempfile::Builder::new().prefix("rein-sim-fifo-").tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     let fifo = dir.join("fifo.trace");
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let scenario = dir.join("fifo.toml");
@@ -495,7 +496,6 @@ fn a_fifo_as_a_scenario_or_trace_is_refused_not_waited_on() {
     assert!(e.contains("cannot read trace") && e.contains("fifo.trace: it is a FIFO, not a regular file"), "{e}");
     let e = load(fifo.clone());
     assert!(e.contains("cannot read scenario") && e.contains("fifo.trace: it is a FIFO, not a regular file"), "{e}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// An open loop behind a long network delay held every request on its way in memory (a review's

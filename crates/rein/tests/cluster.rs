@@ -196,9 +196,10 @@ impl Up {
                 Ok(l) if l == "ready" => return v,
                 Ok(l) => v.push(l),
                 Err(_) => {
-                    // Dead or silent: killed, its stderr says why (read if it closes within 5 s: a child of
-                    // its may hold the pipe open).
-                    let _ = self.child.kill();
+                    // Dead or silent: stopped (SIGTERM first, so that it stops its nodes and removes its run
+                    // directory: SIGKILL left them running into the test's directory as it went), its stderr
+                    // says why (read if it closes within 5 s: a child of its may hold the pipe open).
+                    stop(&mut self.child);
                     let closes = Instant::now() + Duration::from_secs(5);
                     while self.stderr.as_ref().is_some_and(|t| !t.is_finished()) && Instant::now() < closes {
                         std::thread::sleep(Duration::from_millis(50));
@@ -221,7 +222,7 @@ impl Up {
                 return (s.success(), self.stderr.take().expect("waited once").join().unwrap());
             }
             if Instant::now() > deadline {
-                let _ = self.child.kill();
+                stop(&mut self.child);
                 panic!("rein cluster up did not exit");
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{config_file, tmpdir, MEMORY};
+use common::{config_file, tmpdir, KillOnDrop, MEMORY};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -14,15 +14,18 @@ use std::process::{Command, Stdio};
 fn json_logs_are_one_object_per_line_to_the_last() {
     let tmp = tmpdir("logs-json");
     let cfg = config_file(tmp.path(), 176, MEMORY);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
-        .args(["--log-format", "json", "serve", "--config", cfg.to_str().unwrap()])
-        .env("REIN_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id().to_string();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // Killed and waited for if an assertion fails (it ran on otherwise).
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_rein"))
+            .args(["--log-format", "json", "serve", "--config", cfg.to_str().unwrap()])
+            .env("REIN_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id().to_string();
+    let mut lines = BufReader::new(child.0.stderr.take().unwrap()).lines();
     let mut seen = Vec::new();
     let listening = loop {
         let line = lines.next().expect("a line before the listening one").unwrap();
@@ -39,7 +42,7 @@ fn json_logs_are_one_object_per_line_to_the_last() {
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let rest: Vec<serde_json::Value> =
         lines.map(|l| l.unwrap()).map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
-    assert!(child.wait().unwrap().success());
+    assert!(child.0.wait().unwrap().success());
     assert_eq!(rest.last().unwrap()["fields"]["message"], "stopped", "{rest:?}");
 
     // The last words of a failed start, as an object (text: `error: ...`).
