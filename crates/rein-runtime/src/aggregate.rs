@@ -549,7 +549,8 @@ pub enum Transport {
 impl Transport {
     /// One period's exchange: publishes this host's `report`, feeds it to `agg` (a host counts its own
     /// latency), and feeds `agg` whatever the other hosts published that has arrived (the whole file, or
-    /// the datagrams received since the last exchange). File IO runs on tokio's blocking pool.
+    /// the datagrams received since the last exchange). File IO runs on a thread of its own (module
+    /// comment, "A board that hangs").
     pub async fn exchange(
         &mut self,
         now: Nanos,
