@@ -574,10 +574,11 @@ mod tests {
         let limits = ConnLimits::new(ConnCaps { total: 3, per_client: 1, per_tenant: 1 });
         let v4 = limits.admit(ip("192.0.2.1"));
         let v6 = limits.admit(ip("2001:db8:0:7::1"));
-        let per_client_v4 = match limits.admit(ip("::ffff:192.0.2.1")) {
+        let refused = |a: Admit| match a {
             Admit::Refuse(why, _) => why,
             o => panic!("{o:?}"),
         };
+        let per_client_v4 = refused(limits.admit(ip("::ffff:192.0.2.1")));
         assert_eq!(
             per_client_v4.to_string(),
             "client 192.0.2.1 has reached its maximum of 1 connections (max_connections_per_client)"
@@ -587,10 +588,7 @@ mod tests {
             matches!(per_client_v4, ConnRefusal::PerClient { client, max: 1, open: 1 } if client == want),
             "{per_client_v4:?}"
         );
-        let per_client_v6 = match limits.admit(ip("2001:db8:0:7::2")) {
-            Admit::Refuse(why, _) => why,
-            o => panic!("{o:?}"),
-        };
+        let per_client_v6 = refused(limits.admit(ip("2001:db8:0:7::2")));
         assert_eq!(
             per_client_v6.to_string(),
             "client 2001:db8:0:7::/64 has reached its maximum of 1 connections (max_connections_per_client)"
@@ -601,10 +599,7 @@ mod tests {
             "{per_client_v6:?}"
         );
         let third = limits.admit(ip("192.0.2.3"));
-        let total = match limits.admit(ip("192.0.2.4")) {
-            Admit::Refuse(why, _) => why,
-            o => panic!("{o:?}"),
-        };
+        let total = refused(limits.admit(ip("192.0.2.4")));
         assert_eq!(total.to_string(), "server has reached its maximum of 3 connections (max_connections); try later");
         assert_eq!(total, ConnRefusal::Total { max: 3, open: 3 });
         // The log lines (each from counters of its own: one line per interval).

@@ -3705,90 +3705,12 @@ mod tests {
         assert!(!a.contains(&"11".repeat(16)) && a.contains("fingerprint"), "{a}");
     }
 
-    /// A reload's refusals say what they said while the reload returned `String`s, whole: a volume added
-    /// whose nodes the file lists out of order, the places past [`MAX_NODES`], two nodes trading
-    /// addresses (these through `apply_reload` itself, which refuses each before any connection); a
-    /// node moved onto a removed node still in use, and a node export held by another layout.
-    #[tokio::test]
-    async fn a_reload_refusal_says_what_it_said() {
-        let parse = |text: &str| GatewayConfig::parse(text, Path::new("gw.toml")).unwrap();
-        let nodes = |list: &[(&str, &str)]| {
-            list.iter().map(|(n, a)| format!("[[nodes]]\nname = \"{n}\"\naddress = \"{a}\"\n")).collect::<String>()
-        };
-        let running = parse(&format!(
-            "{}[[exports]]\nname = \"v\"\nsize_mb = 1\n",
-            nodes(&[("s1", "127.0.0.1:1"), ("s2", "127.0.0.1:2")])
-        ));
-        let refusal = |file: GatewayConfig| {
-            let running = running.clone();
-            async move { apply_reload(&mut Live::new(&running), &file).await.expect_err("refused").to_string() }
-        };
-        let misordered = parse(&format!(
-            "{}[[exports]]\nname = \"d\"\nsize_mb = 1\n",
-            nodes(&[("s2", "127.0.0.1:2"), ("s1", "127.0.0.1:1")])
-        ));
-        assert_eq!(
-            refusal(misordered).await,
-            "export d: gw.toml lists its nodes as s2, s1, the gateway runs them as s1, s2: a restart would lay its \
-             data out in the file's order, which is another layout; list the nodes it runs in their order, new ones \
-             after them"
-        );
-        let many: Vec<(String, String)> =
-            (0..MAX_NODES - 1).map(|i| (format!("n{i}"), format!("127.0.1.{}:{}", i % 250 + 1, i + 1))).collect();
-        let many: Vec<(&str, &str)> = many.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
-        let too_many =
-            parse(&format!("{}[[exports]]\nname = \"v\"\nsize_mb = 1\nwidths = {{ n0 = 1 }}\n", nodes(&many)));
-        assert_eq!(
-            refusal(too_many).await,
-            "[[nodes]]: 255 nodes new to this gateway would make 257 places, past the 256 a gateway keeps over its \
-             run (0 of them for nodes removed since it started): restart it to add them"
-        );
-        let swapped = parse(&format!(
-            "{}[[exports]]\nname = \"v\"\nsize_mb = 1\n",
-            nodes(&[("s1", "127.0.0.1:2"), ("s2", "127.0.0.1:1")])
-        ));
-        assert_eq!(
-            refusal(swapped).await,
-            "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
-        );
-        // s2 removed, a volume still on it: s1 cannot take its address (by place, s2 keeps its running spec).
-        let moved = parse(&format!(
-            "{}[[exports]]\nname = \"v\"\nsize_mb = 1\n",
-            nodes(&[("s1", "127.0.0.1:2"), ("s2", "127.0.0.1:3")])
-        ));
-        let onto_s2 = vec![moved.nodes[0].clone(), running.nodes[1].clone()];
-        let e = NodeMoves::clash(&running.nodes, &onto_s2, |j| (j == 1).then_some(true)).unwrap();
-        assert_eq!(
-            e.to_string(),
-            "node s1 cannot move to 127.0.0.1:2: node s2 is there now: gw.toml no longer names it, but a volume \
-             still uses it (one this reload removes, or one removed earlier that VMs hold: /api/nodes); move s1 in \
-             a later reload, once none does"
-        );
-        // w on v's node export of s1, with another layout (v over s1 and s2, w over s1 alone; one file
-        // refuses two volumes on one node export, so each comes from its own).
-        let two = nodes(&[("s1", "127.0.0.1:1"), ("s2", "127.0.0.1:2")]);
-        let file = parse(&format!("{two}[[exports]]\nname = \"v\"\nsize_mb = 1\nnode_export = \"x\"\n"));
-        let other = parse(&format!(
-            "{two}[[exports]]\nname = \"w\"\nsize_mb = 1\nwidths = {{ s1 = 1 }}\nnode_export = \"x\"\n"
-        ));
-        let (v, w) = (&file.exports[0], &other.exports[0]);
-        let mut held: HeldExports = HashMap::new();
-        held.insert(
-            (file.nodes[0].address.clone(), v.node_exports[0].clone()),
-            ("v".to_string(), Held::Running, v.stripe.clone(), 0),
-        );
-        assert!(held_clash(&file.nodes, &held, v).is_none(), "its own layout");
-        assert_eq!(
-            held_clash(&file.nodes, &held, w).expect("held").to_string(),
-            "export w: node s1's export \"x\" at 127.0.0.1:1 is held by export v (as it runs) with another layout: \
-             two layouts on one node export would overwrite each other's data; remove that export first, and add \
-             this one once its connections have closed"
-        );
-    }
-
     /// A reload's refusal is typed (`ReloadError`): each kind is its own variant with what it names, and
-    /// its text is the one the reload said as a `String` (`a_reload_refusal_says_what_it_said` pins those
-    /// through `apply_reload`; here the variants' own).
+    /// its text is the one the reload said when it returned `String`s (the texts were pinned on that code
+    /// first): a volume added whose nodes the file lists out of order, the places past [`MAX_NODES`], two
+    /// nodes trading addresses (these through `apply_reload` itself, which refuses each before any
+    /// connection), a node moved onto a removed node still in use, a node export held by another layout,
+    /// nodes that refuse the link, a volume that cannot open.
     #[tokio::test]
     async fn a_reload_refusal_is_typed() {
         let parse = |text: &str| GatewayConfig::parse(text, Path::new("gw.toml")).unwrap();
@@ -3868,6 +3790,7 @@ mod tests {
         ] {
             let map: HeldExports =
                 HashMap::from([((addr("127.0.0.1:1"), "x".to_string()), ("v".to_string(), held, v.stripe.clone(), 0))]);
+            assert!(held_clash(&running.nodes, &map, &v).is_none(), "its own layout");
             let e = held_clash(&running.nodes, &map, &w).expect("held");
             let want = HeldExport {
                 export: "w".into(),
