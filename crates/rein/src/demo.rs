@@ -24,6 +24,7 @@ use rein_model::device::{DeviceSpec, ServiceModel};
 use rein_runtime::config::ServerConfig;
 use rein_runtime::load::LoadConfig;
 use rein_runtime::DeviceConfig;
+use rein_sim::model::NamedScheduler;
 use rein_sim::Scenario;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -34,9 +35,10 @@ pub(crate) const DEMO_TOML: &str = include_str!("../../../scenarios/demo.toml");
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// Scheduler to demonstrate (try fifo or sfq to see what goes wrong without mClock).
+    /// Scheduler to demonstrate (try fifo or sfq to see what goes wrong without mClock): a name `rein sim
+    /// --scheduler` takes, parsed once, here, for the live run and `--simulated` alike.
     #[arg(long, default_value = "mclock")]
-    pub(crate) scheduler: String,
+    pub(crate) scheduler: NamedScheduler,
     /// Where to write summary.json, timeseries.csv and the plots (the live run's scratch export images live
     /// in its data/ folder while the server runs and are removed at the end).
     #[arg(long, default_value = "out/rein-demo")]
@@ -86,7 +88,10 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     if args.simulated {
         return run_simulated(args);
     }
-    let kind: SchedulerKind = args.scheduler.parse().map_err(anyhow::Error::msg)?;
+    // lfq and dtfq are SFQ on one server with no gateway (the simulator's names for where its tags
+    // come from across servers): the live run is SFQ under the name given, as `--simulated` runs it.
+    let kind = args.scheduler.kind();
+    let name = args.scheduler.name().to_string();
     // Held to the rule of `--simulated` and `rein sim --scheduler` (docs/scenarios.md): without pShift's
     // controller the token scheduler is plain round robin labelled token, and the live run judged it
     // (`with token: reservations held (within 5%): yes`).
@@ -157,7 +162,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         // The plan first, so that whoever started it knows what to expect and for how long.
         let tenants: Vec<String> = specs.iter().map(|(n, s)| describe(n, s)).collect();
         errln!(
-            "rein demo: the mClock paper's §2.1 tenants {} on a live rein serve ({kind} scheduler) over a \
+            "rein demo: the mClock paper's §2.1 tenants {} on a live rein serve ({name} scheduler) over a \
              modelled device of 2,400 IOPS, halved to 1,200 IOPS after {:.0} s; {:.0} s of load, then a summary; \
              outputs in {}",
             tenants.join(", "),
@@ -168,6 +173,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
+    let run_name = format!("rein demo, live {name}");
     let outcome = rt.block_on(async move {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -195,7 +201,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         let lc = LoadConfig {
             admin: Some(admin.into()),
             warmup: Duration::from_secs(1),
-            name: format!("rein demo, live {kind}"),
+            name: run_name,
             cost_model,
             ..LoadConfig::new(bound.nbd, jobs, total)
         };
@@ -240,15 +246,15 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
         }
         windows.push(Window { label: label.into(), from_s: a, to_s: b, capacity_iops: cap, tenants: rows });
     }
-    let drawn = crate::sim::write_run(&args.out, &format!("rein demo, live {}", kind), t - 1.0, totals, None)?;
+    let drawn = crate::sim::write_run(&args.out, &format!("rein demo, live {name}"), t - 1.0, totals, None)?;
     // Failed requests (a full disk under the data directory, say) fail the demo after its report.
     let failed = crate::load::failed(&outcome.failures);
-    let out = DemoResult { scheduler: kind.name().into(), windows, reservations_held: resv_ok, limits_held: limit_ok };
+    let out = DemoResult { scheduler: name.clone(), windows, reservations_held: resv_ok, limits_held: limit_ok };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&out)?);
         return failed;
     }
-    outln!("\nThe mClock paper's §2.1 tenants on a live rein serve ({} scheduler), 75% reads of 4 KiB, 16 / 32 / 64 outstanding:", kind);
+    outln!("\nThe mClock paper's §2.1 tenants on a live rein serve ({} scheduler), 75% reads of 4 KiB, 16 / 32 / 64 outstanding:", name);
     for w in &out.windows {
         outln!("{} ({:.0}-{:.0} s):", w.label, w.from_s, w.to_s);
         outln!("  {:<6} {:>6} {:>6} {:>3} {:>9} {:>9} {:>8}", "tenant", "r", "l", "w", "IOPS", "oracle", "diff");
@@ -267,7 +273,7 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     }
     outln!(
         "\nwith {}: reservations held (within 5%): {}; limit held (within 2%): {}",
-        kind,
+        name,
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
@@ -342,10 +348,9 @@ impl Drop for Scratch {
 
 fn run_simulated(args: DemoArgs) -> Result<()> {
     let mut sc = Scenario::from_toml(DEMO_TOML, None)?;
-    let (kind, distributed) = rein_sim::model::parse_scheduler(&args.scheduler).map_err(anyhow::Error::msg)?;
     sc = sc
-        .with_scheduler(kind, distributed)
-        .map_err(|e| anyhow::anyhow!("{e} (from --scheduler {})", args.scheduler))?;
+        .with_scheduler_named(&args.scheduler)
+        .map_err(|e| anyhow::anyhow!("{e} (from --scheduler {})", args.scheduler.name()))?;
     let (r, results) = sim::run_with_progress(&sc, args.json, true)?;
     let results = results.expect("asked to check");
     let drawn = sim::write_outputs(&args.out, &sc, &r, Some(&results))?;
@@ -382,14 +387,41 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
     let (resv_ok, limit_ok) = (held("reservation"), held("limit"));
     outln!(
         "\nwith {} (simulated): reservations held: {}; limit held: {}",
-        args.scheduler,
+        args.scheduler.name(),
         if resv_ok { "yes" } else { "NO" },
         if limit_ok { "yes" } else { "NO" }
     );
     let dir = shown(&args.out);
     outln!("{}data: {dir}/summary.json, {dir}/timeseries.csv, {dir}/check.json", plots_line(&drawn, &dir));
-    if misses > 0 && kind == SchedulerKind::Mclock {
+    if misses > 0 && args.scheduler.kind() == SchedulerKind::Mclock {
         bail!("{misses} expectations missed");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// `rein demo --scheduler NAME` is parsed once, by clap, for the live run and `--simulated` alike:
+    /// before, the live run parsed it by the core's names and `--simulated` by the simulator's (lfq and
+    /// dtfq only there), each after the output folder was checked. A name that is none is the command
+    /// line's error, naming the known ones; the default is mClock; lfq keeps its name (the reports').
+    #[test]
+    fn the_scheduler_is_parsed_once_for_both_runs() {
+        let parse = |more: &[&str]| crate::Cli::try_parse_from([&["rein", "demo"], more].concat());
+        let e = parse(&["--scheduler", "wfq"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+        let e = e.to_string();
+        assert!(e.contains("unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token"), "{e}");
+        let args = |more: &[&str]| match parse(more).unwrap().cmd {
+            crate::Cmd::Demo(a) => a,
+            _ => panic!("not rein demo"),
+        };
+        assert_eq!(args(&[]).scheduler.kind(), rein_core::SchedulerKind::Mclock);
+        for more in [&["--scheduler", "lfq"][..], &["--scheduler", "lfq", "--simulated"]] {
+            let s = args(more).scheduler;
+            assert_eq!((s.name(), s.kind()), ("lfq", rein_core::SchedulerKind::Sfq), "{more:?}");
+        }
+    }
 }
