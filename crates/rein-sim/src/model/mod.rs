@@ -709,8 +709,8 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, ModelEr
     }
     // A pShift cluster's servers run its token scheduler; any other scenario's mClock unless it says.
     let fallback = if file.pshift.is_some() { "token" } else { "mclock" };
-    let default_sched = file.scheduler.clone().unwrap_or_else(|| fallback.into());
-    parse_scheduler(&default_sched).map_err(ModelError::Scheduler)?;
+    let default_sched: NamedScheduler =
+        file.scheduler.as_deref().unwrap_or(fallback).parse().map_err(ModelError::Scheduler)?;
     if file.servers.is_empty() {
         return Err(ModelError::NoServers);
     }
@@ -812,7 +812,7 @@ fn validate(file: ScenarioFile, base: Option<&Path>) -> Result<Scenario, ModelEr
         servers,
         tenants,
         expect,
-        scheduler_name: default_sched,
+        scheduler_name: default_sched.name().to_string(),
         parda,
         hosts,
         pshift,

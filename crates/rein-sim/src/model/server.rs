@@ -117,12 +117,13 @@ impl ServerError {
     }
 }
 
-/// Validates a `[[servers]]` entry; `default_sched` is the scenario's scheduler, `scenario_settings` its
-/// `[mclock]` table (with the top-level `cost_model` folded in).
+/// Validates a `[[servers]]` entry; `default_sched` is the scenario's scheduler (parsed once, for every
+/// server that names none), `scenario_settings` its `[mclock]` table (with the top-level `cost_model`
+/// folded in).
 pub(crate) fn validate_server(
     index: usize,
     s: &ServerFile,
-    default_sched: &str,
+    default_sched: &NamedScheduler,
     scenario_settings: &SchedSettingsFile,
 ) -> Result<Server, ServerError> {
     let n = &s.name;
@@ -142,8 +143,10 @@ pub(crate) fn validate_server(
     if s.queue_depth == 0 || s.queue_depth > MAX_QUEUE_DEPTH {
         return Err(err(ServerFault::QueueDepth { max: MAX_QUEUE_DEPTH, got: s.queue_depth }));
     }
-    let (scheduler, distributed) =
-        parse_scheduler(s.scheduler.as_deref().unwrap_or(default_sched)).map_err(|e| err(ServerFault::Scheduler(e)))?;
+    let (scheduler, distributed) = match s.scheduler.as_deref() {
+        Some(own) => parse_scheduler(own).map_err(|e| err(ServerFault::Scheduler(e)))?,
+        None => (default_sched.kind(), default_sched.distributed()),
+    };
     // The server's own table, with the shorthands `limit_mode`, `batch` and `batch_distance_kb` folded in
     // (each may be given once), over the scenario's.
     let mut own = s.mclock.clone().unwrap_or_default();
@@ -180,7 +183,7 @@ mod tests {
              name = \"x\"\n[tenants.workload]\nkind = \"closed\"\n"
         );
         let file = ScenarioFile::parse(&text).unwrap();
-        validate_server(0, &file.servers[0], "mclock", &SchedSettingsFile::default()).unwrap_err()
+        validate_server(0, &file.servers[0], &"mclock".parse().unwrap(), &SchedSettingsFile::default()).unwrap_err()
     }
 
     #[test]

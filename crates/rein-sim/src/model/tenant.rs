@@ -416,7 +416,7 @@ mod tests {
             .servers
             .iter()
             .enumerate()
-            .map(|(i, s)| super::super::server::validate_server(i, s, "mclock", &settings).unwrap())
+            .map(|(i, s)| super::super::server::validate_server(i, s, &"mclock".parse().unwrap(), &settings).unwrap())
             .collect();
         let tenant = &file.tenants[0];
         validate_tenant(0, tenant, &servers, None, Nanos::from_secs(1), &mut TraceCache::new()).unwrap_err()
