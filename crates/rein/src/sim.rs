@@ -23,7 +23,7 @@ pub(crate) struct SimArgs {
     /// Run with a deliberately wrong scheduler, to see the checks fail: fifo, no-delta-rho, fixed-window,
     /// no-controller, no-shift (docs/scenarios.md).
     #[arg(long)]
-    pub(crate) sabotage: Option<String>,
+    pub(crate) sabotage: Option<Sabotage>,
     #[command(flatten)]
     pub(crate) report: ReportArgs,
 }
@@ -64,13 +64,10 @@ pub(crate) fn load(args: &SimArgs) -> Result<Scenario> {
         // is this.
         sc = sc.with_scheduler_named(s).map_err(|e| anyhow::anyhow!("{e} (from --scheduler {})", s.name()))?;
     }
-    if let Some(name) = &args.sabotage {
-        let Some(sabotage) = Sabotage::ALL.into_iter().find(|x| x.name() == name) else {
-            let names: Vec<&str> = Sabotage::ALL.iter().map(|x| x.name()).collect();
-            bail!("--sabotage {name:?}: expected one of {}", names.join(", "));
-        };
+    if let Some(sabotage) = args.sabotage {
+        // A name that is none is the command line's error (clap's, from the parse), before the file is read.
         let Some(s) = sabotage.apply(&sc) else {
-            bail!("scenario {}: --sabotage {name} changes nothing in this scenario", sc.label());
+            bail!("scenario {}: --sabotage {sabotage} changes nothing in this scenario", sc.label());
         };
         sc = s;
     }

@@ -156,6 +156,17 @@ fn bad_arguments_are_clear_errors() {
     let known = "unknown scheduler \"wfq\" (expected one of mclock, dmclock, rbfq, sfq, token, fifo, lfq, dtfq)";
     assert!(e.contains("invalid value 'wfq' for '--scheduler <SCHEDULER>'") && e.contains(known), "{e}");
     assert_eq!((e.matches("wfq").count(), e.matches("cannot read scenario").count()), (2, 0), "{e}");
+    // So is `--sabotage`'s: a usage error (exit status 2, as for any bad argument) naming the known ones.
+    let o = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["sim", "/nonexistent/x.toml", "--sabotage", "fifo-ish"])
+        .output()
+        .expect("runs");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    let known =
+        "unknown sabotage \"fifo-ish\" (expected one of fifo, no-delta-rho, fixed-window, no-controller, no-shift)";
+    assert!(e.contains("invalid value 'fifo-ish' for '--sabotage <SABOTAGE>'") && e.contains(known), "{e}");
+    assert_eq!((e.matches("fifo-ish").count(), e.matches("cannot read scenario").count()), (2, 0), "{e}");
     // The token scheduler outside [pshift] is plain round robin labelled token: refused on the command
     // line as in the file (it ran, and its checks were judged, before).
     let (_dir, sc) = with_scenario("token", TINY);

@@ -10,7 +10,7 @@ mod parda;
 mod pshift;
 pub mod sabotage;
 
-pub use sabotage::Sabotage;
+pub use sabotage::{Sabotage, UnknownSabotage};
 
 use crate::model::expect::{Expectation, Rank, Subject, TenantTarget};
 use crate::model::Scenario;

@@ -13,6 +13,28 @@ use crate::model::Scenario;
 use rein_core::SchedulerKind;
 use std::sync::Arc;
 
+/// A name that is no [`Sabotage`]; says which names are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sabotage {name:?} (expected one of {})", Sabotage::ALL.map(Sabotage::name).join(", "))]
+pub struct UnknownSabotage {
+    /// The name given.
+    pub name: String,
+}
+
+impl std::str::FromStr for Sabotage {
+    type Err = UnknownSabotage;
+
+    fn from_str(s: &str) -> Result<Sabotage, UnknownSabotage> {
+        Sabotage::named(s)
+    }
+}
+
+impl std::fmt::Display for Sabotage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// One way of running a scenario with the wrong scheduler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sabotage {
@@ -47,6 +69,12 @@ impl Sabotage {
             Sabotage::NoController => "no-controller",
             Sabotage::NoShift => "no-shift",
         }
+    }
+
+    /// The sabotage of this name ([`Sabotage::name`]), for `rein sim --sabotage NAME` (clap parses it with
+    /// this, before the scenario is read). Names are matched as written.
+    pub fn named(name: &str) -> Result<Sabotage, UnknownSabotage> {
+        Sabotage::ALL.into_iter().find(|x| x.name() == name).ok_or_else(|| UnknownSabotage { name: name.to_string() })
     }
 
     /// `sc` run by the wrong scheduler, or `None` when this sabotage changes nothing in `sc` (a FIFO
@@ -99,5 +127,26 @@ impl Sabotage {
                 Some(s)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every sabotage parses from its own name (what `rein sim --sabotage` takes) and prints as it;
+    /// another name is refused listing them all, and names are not folded to lower case.
+    #[test]
+    fn a_sabotage_parses_from_its_name_only() {
+        for s in Sabotage::ALL {
+            assert_eq!(s.name().parse::<Sabotage>(), Ok(s));
+            assert_eq!(s.to_string(), s.name());
+        }
+        let e = "FIFO".parse::<Sabotage>().unwrap_err();
+        assert_eq!(e, UnknownSabotage { name: "FIFO".into() });
+        assert_eq!(
+            e.to_string(),
+            "unknown sabotage \"FIFO\" (expected one of fifo, no-delta-rho, fixed-window, no-controller, no-shift)"
+        );
     }
 }
