@@ -409,6 +409,32 @@ mod tests {
         assert!(mem_total_bytes(Path::new(MEMINFO)).is_some_and(|b| b > 0));
     }
 
+    /// `--check-config` says a start creates a missing image only where the start can: in `data_dir`,
+    /// which a start creates too, or in a directory that exists; in a missing one it says what the start
+    /// says (`create failed`).
+    #[test]
+    fn a_missing_image_in_a_missing_directory_is_refused_as_its_creation_is() {
+        let dir = tempfile::Builder::new().prefix("rein-preflight-").tempdir().unwrap();
+        let data = dir.path().join("data");
+        let d = data.display();
+        let inspect = |path: &str| {
+            let cfg = ServerConfig::parse(
+                &format!("data_dir = \"{d}\"\n[[exports]]\nname = \"g\"\npath = \"{path}\"\nsize_mb = 1\n"),
+                Path::new("x.toml"),
+            )
+            .unwrap();
+            inspect_export(&cfg.exports[0], &cfg.data_dir, |_| None).map_err(|e| e.to_string())
+        };
+        let creates = |path: &str| Ok(format!("export g: {d}/{path} (missing: a start creates it, 1 MiB)"));
+        assert_eq!(inspect("g.img"), creates("g.img"), "data_dir is missing: a start creates it");
+        assert_eq!(
+            inspect("sub/g.img"),
+            Err(format!("export g: {d}/sub/g.img: create failed: No such file or directory (os error 2)"))
+        );
+        std::fs::create_dir_all(data.join("sub")).unwrap();
+        assert_eq!(inspect("sub/g.img"), creates("sub/g.img"));
+    }
+
     #[test]
     fn two_exports_on_one_file_are_refused() {
         let dir = tempfile::Builder::new().prefix("rein-preflight-").tempdir().unwrap();
@@ -691,9 +717,13 @@ fn own_groups() -> Vec<u32> {
 /// --check-config`, [`crate::storage::FileStorage::inspect`]): one line saying what the export serves.
 /// A writable block device that the kernel will not let be claimed is refused as at start, unless
 /// `holder` names the process whose claim it is as the running `rein serve` about to be reloaded (the
-/// check runs beside it, and it holds the devices it serves; [`crate::state::server_holding`]).
+/// check runs beside it, and it holds the devices it serves; [`crate::state::server_holding`]). A
+/// missing image in a directory that does not exist either is refused as its creation at start fails
+/// (`create failed: No such file or directory`): a start creates `data_dir`, no other directory (until
+/// 2026-12-07 the check said `missing: a start creates it`, and the start failed).
 pub fn inspect_export(
     e: &crate::config::ExportConfig,
+    data_dir: &Path,
     holder: impl Fn(&Path) -> Option<Holder>,
 ) -> Result<String, OpenError> {
     use crate::storage::{FileStorage, StorageError};
@@ -737,6 +767,14 @@ pub fn inspect_export(
                     format!("export {}: {} ({:.0} MiB{ro}{note})", e.name, path.display(), mib(n))
                 }
                 crate::storage::Inspected::WouldCreate(n) => {
+                    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && *d != data_dir) {
+                        if let Err(source) = std::fs::metadata(dir) {
+                            if source.kind() == std::io::ErrorKind::NotFound {
+                                let source = StorageError::Io { op: "create", source };
+                                return Err(OpenError::export(&e.name, path, source));
+                            }
+                        }
+                    }
                     format!("export {}: {} (missing: a start creates it, {:.0} MiB)", e.name, path.display(), mib(n))
                 }
             })

@@ -236,7 +236,9 @@ pub fn check_config(cfg: ServerConfig) -> Result<Vec<String>, ServeError> {
         lines.extend(t.describe(crate::tls::unix_now()));
     }
     for e in &eff.exports {
-        lines.push(crate::preflight::inspect_export(e, |path| state::server_holding(&eff.data_dir, path))?);
+        lines.push(crate::preflight::inspect_export(e, &eff.data_dir, |path| {
+            state::server_holding(&eff.data_dir, path)
+        })?);
     }
     let probe = eff.probe_capacity_s > 0.0 && eff.capacity_iops.is_none() && over.capacity.is_none();
     if probe {
