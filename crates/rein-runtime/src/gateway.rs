@@ -167,7 +167,7 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -341,6 +341,8 @@ pub struct GatewayConfig {
     /// `[parda]` and `[parda_host]`: the gateway is a PARDA host in front of its nodes (the array), and
     /// every request passes the host's window ([`crate::parda_host`]).
     pub parda: Option<crate::parda_host::HostSettings>,
+    /// The file it was read from, as given (`--config`): the errors that ask to change it name it.
+    pub file: PathBuf,
 }
 
 /// Why the configuration could not be loaded (one line, naming the key).
@@ -920,7 +922,7 @@ impl GatewayConfig {
             return Ok(Some(format!("layout_file {}: no record yet (a start writes it)", path.display())));
         };
         let now = self.exports.iter().map(|v| (v.name.as_str(), layout_of(v, &self.nodes)));
-        let differ = layouts::differences(&recorded, now);
+        let differ = layouts::differences(&recorded, now, &self.file);
         if differ.is_empty() {
             let known = self.exports.iter().filter(|v| recorded.volumes.contains_key(&v.name)).count();
             return Ok(Some(format!(
@@ -931,10 +933,11 @@ impl GatewayConfig {
             )));
         }
         Err(GatewayError::Layout(format!(
-            "{}; a start would read and write their units in other places, scrambling their data: restore gw.toml's \
+            "{}; a start would read and write their units in other places, scrambling their data: restore {}'s \
              [[nodes]] order, widths, stripe_kb and node_export for them, or, to lay a volume out anew (its data \
              then lost to the gateway), remove its entry from {}",
             differ.join("; "),
+            self.file.display(),
             path.display()
         )))
     }
@@ -967,14 +970,14 @@ impl GatewayConfig {
     pub fn parse_with(text: &str, path: &Path, overrides: &Overrides) -> Result<GatewayConfig, GatewayConfigError> {
         let file: File = crate::config::parse_toml(text)
             .map_err(|source| GatewayConfigError::Parse { path: path.display().to_string(), source })?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        let cfg = validate(file, base, overrides).map_err(GatewayConfigError::Invalid)?;
+        let cfg = validate(file, path, overrides).map_err(GatewayConfigError::Invalid)?;
         cfg.check_no_node_at_the_front()?;
         Ok(cfg)
     }
 }
 
-fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, GatewaySettingError> {
+fn validate(f: File, path: &Path, o: &Overrides) -> Result<GatewayConfig, GatewaySettingError> {
+    let base = path.parent().unwrap_or(Path::new("."));
     let parda = match (&f.parda, &f.parda_host) {
         (None, None) => None,
         (None, Some(_)) => return Err(GatewaySettingError::PardaHostWithoutParda),
@@ -1253,6 +1256,7 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<GatewayConfig, Gatewa
         tenants,
         exports,
         parda,
+        file: path.to_path_buf(),
     })
 }
 
@@ -1643,13 +1647,16 @@ enum ReloadError {
     /// A node moved to the address of a node the file no longer names that a volume still uses
     /// ([`NodeMoves::clash`]).
     #[error(
-        "node {node} cannot move to {to}: node {there} is there now: gw.toml no longer names it, but a volume still \
+        "node {node} cannot move to {to}: node {there} is there now: {} no longer names it, but a volume still \
          uses it (one this reload removes, or one removed earlier that VMs hold: /api/nodes); move {node} in a later \
-         reload, once none does"
+         reload, once none does",
+        .file.display()
     )]
     MoveOntoRemovedNode {
         /// The node moved.
         node: String,
+        /// The configuration file the reload read.
+        file: PathBuf,
         /// Its new address.
         to: NodeAddress,
         /// The removed node at that address.
@@ -1703,15 +1710,18 @@ struct Misordered {
     in_file: Vec<String>,
     /// Its nodes in the order the gateway runs them (of their places).
     by_place: Vec<String>,
+    /// The configuration file the reload read.
+    file: PathBuf,
 }
 
 impl std::fmt::Display for Misordered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "export {}: gw.toml lists its nodes as {}, the gateway runs them as {}: a restart would lay its data out \
+            "export {}: {} lists its nodes as {}, the gateway runs them as {}: a restart would lay its data out \
              in the file's order, which is another layout",
             self.export,
+            self.file.display(),
             self.in_file.join(", "),
             self.by_place.join(", ")
         )
@@ -1879,7 +1889,12 @@ impl NodePlan {
                 let in_file: Vec<usize> = (0..file.nodes.len()).filter(|&i| v.stripe.uses(i)).collect();
                 let mut by_place = in_file.clone();
                 by_place.sort_by_key(|&i| self.place[i]);
-                let what = Misordered { export: v.name.clone(), in_file: names(&in_file), by_place: names(&by_place) };
+                let what = Misordered {
+                    export: v.name.clone(),
+                    in_file: names(&in_file),
+                    by_place: names(&by_place),
+                    file: file.file.clone(),
+                };
                 (v.name.as_str(), what, by_place.iter().map(|&i| self.place[i]).collect())
             })
             .collect()
@@ -2128,7 +2143,7 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     // connect with them, and renewed sessions below.
     // A node removed now or earlier: still there while volumes use it, else nowhere.
     let removed = |j: usize| (plan.dropped.contains(&j) || live.gone.contains(&j)).then(|| live.place_in_use(j));
-    if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes, removed) {
+    if let Some(e) = NodeMoves::clash(&live.base.nodes, &new.nodes, &new.file, removed) {
         return Err(e);
     }
     let moves = NodeMoves::set(&live.base.nodes, &new.nodes);
@@ -2405,7 +2420,12 @@ impl NodeMoves {
     /// the node at place `j` was removed, and if so whether volumes still use it: one that none uses is
     /// nowhere. (A node added at a running node's address is no such case: it has no sessions yet, and
     /// the volumes' layouts are checked by node export, as two nodes at one address are at start.)
-    fn clash(running: &[NodeSpec], new: &[NodeSpec], removed: impl Fn(usize) -> Option<bool>) -> Option<ReloadError> {
+    fn clash(
+        running: &[NodeSpec],
+        new: &[NodeSpec],
+        file: &Path,
+        removed: impl Fn(usize) -> Option<bool>,
+    ) -> Option<ReloadError> {
         if !same_nodes(running, new) {
             return None;
         }
@@ -2418,7 +2438,7 @@ impl NodeMoves {
             let j = (0..now.len()).find(|&j| now[j] == to && removed(j) != Some(false))?;
             let (node, there) = (n.name.clone(), running[j].name.clone());
             Some(match removed(j) {
-                Some(_) => ReloadError::MoveOntoRemovedNode { node, to, there },
+                Some(_) => ReloadError::MoveOntoRemovedNode { node, to, there, file: file.to_path_buf() },
                 None => ReloadError::MoveOntoNode { node, to, there },
             })
         })
@@ -2759,7 +2779,7 @@ pub async fn run_with(
         tracing::warn!("stopping: the reload in progress is abandoned (the volumes it opened close)");
     }
     if reading.is_some() {
-        tracing::warn!("stopping: gw.toml is still being read for a reload; that reload is abandoned");
+        tracing::warn!("stopping: {} is still being read for a reload; that reload is abandoned", cfg.file.display());
     }
     let _ = stop_tx.send(true);
     // Connections that ended since the last accept are still in the set: not counted as open.
@@ -3229,19 +3249,22 @@ mod tests {
             GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap().nodes
         };
         let pair = two("127.0.0.1:1", "127.0.0.1:2");
-        let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1"), |_| None).unwrap();
+        let e = NodeMoves::clash(&pair, &two("127.0.0.1:2", "127.0.0.1:1"), Path::new("gw.toml"), |_| None).unwrap();
         assert_eq!(
             e.to_string(),
             "node s1 cannot move to 127.0.0.1:2: node s2 is there now (move s2 away first, in a reload of its own)"
         );
-        assert!(NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2"), |_| None).is_none(), "to a free address");
-        assert!(NodeMoves::clash(&pair, &pair, |_| None).is_none());
+        assert!(
+            NodeMoves::clash(&pair, &two("127.0.0.1:3", "127.0.0.1:2"), Path::new("gw.toml"), |_| None).is_none(),
+            "to a free address"
+        );
+        assert!(NodeMoves::clash(&pair, &pair, Path::new("gw.toml"), |_| None).is_none());
         // s2 removed: in use, it is still there (named so); out of use, its address is free.
         // (By place, a removed node's place holds its running spec.)
         let onto_s2 = vec![two("127.0.0.1:2", "127.0.0.1:3")[0].clone(), pair[1].clone()];
-        let e = NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(true)).unwrap();
+        let e = NodeMoves::clash(&pair, &onto_s2, Path::new("gw.toml"), |j| (j == 1).then_some(true)).unwrap();
         assert!(e.to_string().contains("node s2 is there now: gw.toml no longer names it, but a volume still uses it"));
-        assert!(NodeMoves::clash(&pair, &onto_s2, |j| (j == 1).then_some(false)).is_none());
+        assert!(NodeMoves::clash(&pair, &onto_s2, Path::new("gw.toml"), |j| (j == 1).then_some(false)).is_none());
         assert_eq!(at(&link), ("127.0.0.2:3".into(), "s1.example".into()));
     }
 
@@ -3764,9 +3787,10 @@ mod tests {
         // Onto a removed node still in use.
         let moved = parse(&format!("{}{volume}", nodes(&[("s1", "127.0.0.1:2"), ("s2", "127.0.0.1:3")])));
         let onto_s2 = vec![moved.nodes[0].clone(), running.nodes[1].clone()];
-        let e = NodeMoves::clash(&running.nodes, &onto_s2, |j| (j == 1).then_some(true)).expect("refused");
+        let e = NodeMoves::clash(&running.nodes, &onto_s2, Path::new("gw.toml"), |j| (j == 1).then_some(true))
+            .expect("refused");
         assert!(
-            matches!(&e, ReloadError::MoveOntoRemovedNode { node, to, there } if node == "s1" && *to == addr("127.0.0.1:2") && there == "s2"),
+            matches!(&e, ReloadError::MoveOntoRemovedNode { node, to, there, .. } if node == "s1" && *to == addr("127.0.0.1:2") && there == "s2"),
             "{e:?}"
         );
         assert_eq!(

@@ -350,7 +350,7 @@ pub fn gateway_layouts(data: &[u8]) {
     let again = layouts::parse(&text).unwrap_or_else(|e| panic!("a layout file written back does not parse: {e}"));
     assert_eq!(again, f, "a layout file written back parses to another value");
     let now = f.volumes.iter().map(|(n, l)| (n.as_str(), l.clone()));
-    assert!(layouts::differences(&f, now).is_empty(), "a layout differs from itself");
+    assert!(layouts::differences(&f, now, Path::new("gw.toml")).is_empty(), "a layout differs from itself");
 }
 
 /// Applies `data` as a state file's journal (`data_dir/rein-state.journal`) over an empty state, as

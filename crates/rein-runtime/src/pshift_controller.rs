@@ -206,6 +206,8 @@ pub struct ControllerSettings {
     /// What the file asks that the controller cannot give, logged as warnings at start and by
     /// `--check-config`: reservations above the servers' capacity, no buckets.
     pub warnings: Vec<String>,
+    /// The file it was read from, as given (`--config`): the messages about it name it.
+    pub file: std::path::PathBuf,
 }
 
 /// Why ctl.toml was refused.
@@ -422,8 +424,7 @@ impl ControllerSettings {
         let shown = path.display().to_string();
         let f: File = crate::config::parse_toml(text)
             .map_err(|source| ControllerConfigError::Parse { path: shown.clone(), source })?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        validate(f, base).map_err(|error| ControllerConfigError::Invalid { path: shown, error })
+        validate(f, path).map_err(|error| ControllerConfigError::Invalid { path: shown, error })
     }
 }
 
@@ -434,7 +435,8 @@ fn name_ok(what: &'static str, n: &str) -> Result<(), ControllerSettingError> {
     Ok(())
 }
 
-fn validate(f: File, base: &Path) -> Result<ControllerSettings, ControllerSettingError> {
+fn validate(f: File, path: &Path) -> Result<ControllerSettings, ControllerSettingError> {
+    let base = path.parent().unwrap_or(Path::new("."));
     let addr = |key: &'static str, v: &str| -> Result<SocketAddr, ControllerSettingError> {
         v.parse().map_err(|_| ControllerSettingError::Address { key, text: v.to_string() })
     };
@@ -587,6 +589,7 @@ fn validate(f: File, base: &Path) -> Result<ControllerSettings, ControllerSettin
         write_timeout: WRITE_TIMEOUT,
         silence_timeout: crate::pshift_link::SILENCE_TIMEOUT,
         warnings,
+        file: path.to_path_buf(),
     })
 }
 
@@ -781,11 +784,11 @@ fn apply_reload(
     let but_tls =
         |c: &ControllerSettings| format!("{:?}", ControllerSettings { tls: None, warnings: Vec::new(), ..c.clone() });
     if but_tls(running) != but_tls(&new) {
-        r.needs_restart.push(
-            "ctl.toml's servers, buckets, periods, addresses or access changed: needs a restart (the schedule and \
-             the servers' welcomes are built from them)"
-                .to_string(),
-        );
+        r.needs_restart.push(format!(
+            "{}'s servers, buckets, periods, addresses or access changed: needs a restart (the schedule and the \
+             servers' welcomes are built from them)",
+            new.file.display()
+        ));
     }
     if let Some(w) = new.tls.as_ref().and_then(|t| t.expiry_warning(crate::tls::unix_now())) {
         r.applied.push(format!("warning: {w}"));
@@ -999,7 +1002,10 @@ pub async fn run(
         }
     }
     if reading.is_some() {
-        tracing::warn!("stopping: ctl.toml is still being read for a reload; that reload is abandoned");
+        tracing::warn!(
+            "stopping: {} is still being read for a reload; that reload is abandoned",
+            running.file.display()
+        );
     }
     crate::notify::stopping();
     let _ = stop_tx.send(true);

@@ -1979,9 +1979,10 @@ fn a_reload_adds_and_removes_nodes() {
     gw.wait_line(&format!("reload: node s4 added at {}", s1.nbd));
     // s2 back, listed before s1 for a volume over both: s1 runs first, so refused; in order, added.
     let both = vol("d", "s1 = 1, s2 = 1").replace("node_export = \"v\"", "node_export = \"w\"");
-    gateway_config(dir, 247, &[("s2", s2.nbd), ("s1", s1.nbd), ("s3", s3.nbd)], &format!("{a}{c}{both}"));
+    let file = gateway_config(dir, 247, &[("s2", s2.nbd), ("s1", s1.nbd), ("s3", s3.nbd)], &format!("{a}{c}{both}"));
     gw.signal("-HUP");
-    gw.wait_line("export d: gw.toml lists its nodes as s2, s1, the gateway runs them as s1, s2");
+    // The file as given to --config is named (until 2026-12-07 every such error said "gw.toml").
+    gw.wait_line(&format!("export d: {} lists its nodes as s2, s1, the gateway runs them as s1, s2", file.display()));
     gateway_config(dir, 247, &[("s1", s1.nbd), ("s2", s2.nbd), ("s3", s3.nbd)], &format!("{a}{c}{both}"));
     gw.signal("-HUP");
     gw.wait_line("reload: node s2 back (for volumes from now on)");
@@ -2055,14 +2056,17 @@ fn a_start_that_would_lay_a_volume_out_otherwise_is_refused() {
     assert!(recorded.contains("\"v\"") && recorded.contains("\"w\""), "{recorded}");
     // s2 before s1: v's units would swap places.
     let reordered = gateway_config_with(dir, 221, top, &[("s2", s2.nbd), ("s1", s1.nbd)], &format!("{v}{w}"));
-    let want =
-        "export v: gw.toml lays it out as 64 KiB units over s2 (export \"v\", width 1), s1 (export \"v\", width \
-                1), its data was written as 64 KiB units over s1 (export \"v\", width 1), s2 (export \"v\", width 1)";
+    let want = format!(
+        "export v: {} lays it out as 64 KiB units over s2 (export \"v\", width 1), s1 (export \"v\", width \
+         1), its data was written as 64 KiB units over s1 (export \"v\", width 1), s2 (export \"v\", width 1)",
+        reordered.display()
+    );
+    let restore = format!("restore {}'s [[nodes]] order", reordered.display());
     for err in [
         Rein::gateway(&reordered).env("REIN_LOG", "off").fails(),
         Rein::new(&["gateway", "--config", reordered.to_str().unwrap(), "--check-config"]).fails(),
     ] {
-        assert!(err.contains(want) && err.contains("restore gw.toml's [[nodes]] order"), "{err}");
+        assert!(err.contains(&want) && err.contains(&restore), "{err}");
         assert!(!err.contains("export w"), "w (on s2 alone) keeps its layout: {err}");
     }
     let back = gateway_config_with(dir, 221, top, &in_order, &format!("{v}{w}"));
@@ -2761,7 +2765,7 @@ fn a_reload_whose_file_never_reads_blocks_neither_clients_nor_sigterm() {
     assert!(open.is_ok_and(|o| o.size == 16 << 20), "a client is not served while gw.toml is read");
     let took = gw.terminate(Duration::from_secs(5));
     assert!(took < Duration::from_secs(3), "SIGTERM took {took:?}");
-    gw.wait_line("gw.toml is still being read for a reload; that reload is abandoned");
+    gw.wait_line(&format!("{} is still being read for a reload; that reload is abandoned", cfg.display()));
 }
 
 /// A node that completes every handshake and closes the connection at once (broken, or hostile) cannot

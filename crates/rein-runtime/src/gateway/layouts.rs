@@ -289,13 +289,18 @@ pub(crate) async fn writer_answer<T>(
 
 /// The volumes of `now` whose layout differs from their record in `recorded`, one line each with both
 /// layouts; volumes without a record are not named.
-pub fn differences<'a>(recorded: &LayoutFile, now: impl IntoIterator<Item = (&'a str, Layout)>) -> Vec<String> {
+pub fn differences<'a>(
+    recorded: &LayoutFile,
+    now: impl IntoIterator<Item = (&'a str, Layout)>,
+    file: &std::path::Path,
+) -> Vec<String> {
     now.into_iter()
         .filter_map(|(name, layout)| {
             let old = recorded.volumes.get(name)?;
             (*old != layout).then(|| {
                 format!(
-                    "export {name}: gw.toml lays it out as {}, its data was written as {}",
+                    "export {name}: {} lays it out as {}, its data was written as {}",
+                    file.display(),
                     layout.describe(),
                     old.describe()
                 )
@@ -445,7 +450,7 @@ mod tests {
         };
         let now = [("a", layout(&[("s2", 1), ("s1", 1)])), ("b", layout(&[("s1", 1)])), ("c", layout(&[("s3", 1)]))];
         assert_eq!(
-            differences(&recorded, now),
+            differences(&recorded, now, std::path::Path::new("gw.toml")),
             ["export a: gw.toml lays it out as 64 KiB units over s2 (export \"v\", width 1), s1 (export \"v\", width \
               1), its data was written as 64 KiB units over s1 (export \"v\", width 1), s2 (export \"v\", width 1)"]
         );
