@@ -64,6 +64,9 @@ pub const MAX_PROCESSES: usize = 245;
 /// The first process's address unless `rein cluster --first-address` gives another: 127.0.0.10 (127.0.0.1
 /// to .9 are left to daemons started by hand beside a cluster).
 pub const DEFAULT_FIRST_ADDRESS: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 10);
+/// The index of a PARDA host's UDP port for the other hosts' reports among a process's ports
+/// ([`Plan::at`]'s `port(addr, k)`; 0 is its NBD port, 1 its admin port).
+pub const UDP_REPORTS_PORT: u16 = 2;
 /// The last number a process's address may end in: `127.a.b.255` is the broadcast address of its /24.
 pub const LAST_HOST: u8 = 254;
 /// A gateway's stripe unit (KiB) under routing shares.
@@ -577,7 +580,8 @@ impl Plan {
 
     /// Plans `sc` with its processes at `first` and the addresses after it (a loopback address, with room
     /// for them all below its `.255`, or an error naming `--first-address`). `port(addr, k)` gives port
-    /// k (0 = NBD, 1 = admin) of the process at `addr` (fixed ports from a base, or free ones). Nodes keep
+    /// k (0 = NBD, 1 = admin, [`UDP_REPORTS_PORT`] = a PARDA host's UDP port) of the process at `addr`
+    /// (fixed ports from a base, or free ones). Nodes keep
     /// their data in `node-NAME`, relative to the directory the supervisor starts them in.
     pub fn at(
         sc: &Scenario,
@@ -611,7 +615,7 @@ impl Plan {
             let h = host(first, i);
             let mut p = |k| port(h, k).map_err(|source| invalid(Invalid::Port { host: h, source }));
             let (nbd, admin) = (SocketAddr::from((h, p(0)?)), SocketAddr::from((h, p(1)?)));
-            Ok((nbd, admin, SocketAddr::from((h, if udp { p(2)? } else { 0 }))))
+            Ok((nbd, admin, SocketAddr::from((h, if udp { p(UDP_REPORTS_PORT)? } else { 0 }))))
         };
         if let Some(ps) = sc.pshift() {
             let processes = sc.servers().len() + usize::from(ps.controller);

@@ -768,18 +768,20 @@ pub fn temp_dir() -> Result<PathBuf, ClusterError> {
 /// bound until this is dropped, so that one plan never gets a port twice on one address: closed at once,
 /// the kernel could hand the same port out again for the next process or the next port of the same
 /// process (a node's NBD and admin ports equal, about one pair in 11,000: the node could not bind its
-/// admin port and `rein cluster up` failed before printing a line). Drop it once the plan is made: the
-/// children bind the ports next (one that another process takes first is still caught by the child's
-/// exit).
+/// admin port and `rein cluster up` failed before printing a line). A PARDA host's port for reports
+/// ([`crate::plan::UDP_REPORTS_PORT`]) is a free UDP port, held by a UDP socket (a free TCP port can be
+/// in use for UDP). Drop it once the plan is made: the children bind the ports next (one that another
+/// process takes first is still caught: `check_ports`, or the child's exit).
 pub struct Ports {
     base: u16,
     held: Vec<std::net::TcpListener>,
+    held_udp: Vec<std::net::UdpSocket>,
 }
 
 impl Ports {
     /// Ports from `base` (0: free ones).
     pub fn new(base: u16) -> Ports {
-        Ports { base, held: Vec::new() }
+        Ports { base, held: Vec::new(), held_udp: Vec::new() }
     }
 
     /// Port `k` of the process at `host`.
@@ -789,6 +791,12 @@ impl Ports {
             return base
                 .checked_add(k)
                 .ok_or_else(|| std::io::Error::other(format!("port {base} + {k} is above 65535")));
+        }
+        if k == crate::plan::UDP_REPORTS_PORT {
+            let s = std::net::UdpSocket::bind((host, 0))?;
+            let port = s.local_addr()?.port();
+            self.held_udp.push(s);
+            return Ok(port);
         }
         let l = std::net::TcpListener::bind((host, 0))?;
         let port = l.local_addr()?.port();
@@ -812,16 +820,32 @@ mod tests {
         let mut ports = Ports::new(0);
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..500u16 {
-            let p = ports.port(host, i % 3).unwrap();
-            assert!(seen.insert(p), "port {p} handed out twice (the {i}th)");
+            // Distinct by protocol: a UDP port for reports may have a TCP port's number.
+            let k = i % 3;
+            let p = ports.port(host, k).unwrap();
+            assert!(seen.insert((k == crate::plan::UDP_REPORTS_PORT, p)), "port {p} handed out twice (the {i}th)");
         }
         // Released once the plan is made: the children bind them.
         drop(ports);
-        let p = *seen.first().unwrap();
+        let p = seen.iter().find(|(udp, _)| !udp).unwrap().1;
         std::net::TcpListener::bind((host, p)).expect("a port of a dropped Ports is free again");
         assert_eq!(Ports::new(100).port(host, 1).unwrap(), 101);
         let e = Ports::new(65535).port(host, 1).unwrap_err().to_string();
         assert_eq!(e, "port 65535 + 1 is above 65535");
+    }
+
+    /// A PARDA host's port for reports is a free UDP port, held for UDP until the plan is made (it was a
+    /// free TCP port, which another process may hold for UDP: the plan was then refused by
+    /// `check_ports`).
+    #[test]
+    fn a_free_report_port_is_free_for_udp() {
+        let host = std::net::Ipv4Addr::new(127, 0, 0, 241);
+        let mut ports = Ports::new(0);
+        let p = ports.port(host, crate::plan::UDP_REPORTS_PORT).unwrap();
+        let e = std::net::UdpSocket::bind((host, p)).expect_err("held for UDP while the plan is made");
+        assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+        drop(ports);
+        std::net::UdpSocket::bind((host, p)).expect("free for the PARDA host once the plan is made");
     }
 
     /// A PARDA host's UDP port for the other hosts' reports is checked with the TCP ports: held by
