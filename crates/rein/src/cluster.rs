@@ -190,8 +190,10 @@ fn finish<T>(sup: Arc<Mutex<Supervisor>>, res: Result<T>) -> Result<T> {
 fn up(a: UpArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let (mut term, mut int) = signals(&rt)?;
-    let dir = lock_dir(&a)?;
+    // The scenario first, as `run` reads it: one that cannot be read leaves no `--dir` behind (it was
+    // created and locked, its lock file left in it, before the scenario was read).
     let sc = Scenario::load(&a.scenario)?;
+    let dir = lock_dir(&a)?;
     let (plan, sup) = match start_with(&rt, (&mut term, &mut int), &a, &sc, (dir.as_ref(), None))? {
         Ok(started) => started,
         Err(signal) => {

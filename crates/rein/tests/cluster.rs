@@ -961,6 +961,29 @@ fn first_address_places_the_processes_and_is_refused_without_room() {
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing was made");
 }
 
+/// A scenario `up` or `run` cannot read (missing, or not TOML) fails naming it, once, and leaves no `--dir`
+/// behind: `up` created and locked the directory (its lock file left in it) before it read the scenario,
+/// where `run` reads the scenario first. Nothing starts, so the addresses are only asked for.
+#[test]
+fn a_scenario_that_cannot_be_read_leaves_no_run_directory() {
+    let (tmp, run_tmp) = run_dirs();
+    let malformed = scenario(tmp.path(), "name = \"x\"\nduration_s = [\n");
+    let missing = tmp.path().join("missing.toml").to_str().unwrap().to_string();
+    let dir = tmp.path().join("run-dir");
+    for sc in [&malformed, &missing] {
+        for cmd in ["up", "run"] {
+            let args = ["cluster", cmd, sc, "--base-port", "0", "--first-address", "127.0.0.141", "--dir"];
+            let out = rein(&run_tmp, &args).arg(&dir).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{cmd} {sc}: {stderr}");
+            assert!(stderr.starts_with("error: ") && stderr.contains(sc.as_str()), "{cmd} {sc}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{cmd} {sc}: said once: {stderr}");
+            assert!(!dir.exists(), "{cmd} {sc}: the run directory was made: {:?}", empty(&dir));
+        }
+    }
+    assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing was made");
+}
+
 #[test]
 fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
     let _shared = common::beside_measuring();
