@@ -441,6 +441,11 @@ fn pshift(a: &PshiftBenchArgs) -> Result<()> {
     if a.repeat == 0 || a.repeat > 1000 {
         bail!("--repeat must be in 1..=1000");
     }
+    // Each thread count before the table's head: one out of range failed the run mid-table, after the
+    // max-flow baseline had been timed.
+    for &t in &a.threads {
+        crate::pshift::check_threads(t)?;
+    }
     let mut rows = Rows::start(
         a.json,
         "| buckets | threads | top M | pShift ms (median / min) | max-flow ms (median / min) | pShift / max flow | Phi | \

@@ -303,15 +303,21 @@ pub(crate) fn load_instance(path: &Path) -> Result<Instance> {
 // ------------------------------------------------------------------------------------------------------
 
 /// Runs pShift on `threads` threads (a rayon pool of that size; 1 = sequential) and times it.
+/// `--threads N` within 1..=[`MAX_THREADS`], or an error naming the value given.
+pub(crate) fn check_threads(threads: usize) -> Result<()> {
+    if threads == 0 || threads > MAX_THREADS {
+        bail!("--threads must be in 1..={MAX_THREADS}, got {threads}");
+    }
+    Ok(())
+}
+
 pub(crate) fn timed_solve(
     inst: &Instance,
     threads: usize,
     approx_top: Option<usize>,
     approx_per_server: bool,
 ) -> Result<(Allocation, f64)> {
-    if threads == 0 || threads > MAX_THREADS {
-        bail!("--threads must be in 1..={MAX_THREADS}, got {threads}");
-    }
+    check_threads(threads)?;
     let opts = SolveOptions { approx_top, approx_per_server, parallel: threads > 1, ..Default::default() };
     if threads == 1 {
         let t0 = Instant::now();

@@ -138,6 +138,20 @@ fn bench_sim_reports_against_a_fifo_baseline() {
     assert!(!ok && e.contains("--servers in 1..=1024"), "{e}");
 }
 
+/// `rein bench pshift --threads 0` (or above the bound) is refused before anything is measured or
+/// printed: it printed the table's head and timed the max-flow baseline first, then failed mid-table.
+#[test]
+fn bench_pshift_refuses_a_thread_count_before_its_table() {
+    for threads in ["0", "1,257"] {
+        let (ok, stdout, stderr) =
+            rein(&["bench", "pshift", "--buckets", "1000", "--threads", threads, "--repeat", "1", "--approx"]);
+        assert!(!ok, "{threads}: {stdout}");
+        assert_eq!(stdout, "", "{threads}: nothing printed");
+        let bad = threads.rsplit(',').next().unwrap();
+        assert_eq!(stderr.trim_end(), format!("error: --threads must be in 1..=256, got {bad}"), "{threads}");
+    }
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let _cpu = busy();
