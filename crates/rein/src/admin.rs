@@ -313,7 +313,12 @@ pub(crate) fn run(args: AdminArgs) -> Result<()> {
         }
         None => (args.admin.clone().unwrap_or_else(|| "127.0.0.1:9180".to_string()), None, "--admin".to_string()),
     };
-    let endpoint = args.client.endpoint(&address).map_err(|e| anyhow::anyhow!("{source} {address}: {e}"))?;
+    // The endpoint's errors name `--admin` and the value given themselves: said again in front, they
+    // read `--admin foo: --admin "foo": ...`. An address from a daemon's file says which file.
+    let endpoint = args.client.endpoint(&address).map_err(|e| match &args.config {
+        None => anyhow::Error::from(e),
+        Some(_) => anyhow::anyhow!("{source} {address}: {e}"),
+    })?;
     let token = args.client.token(config_token)?;
     let (method, path, body) = match &args.cmd {
         AdminCmd::Tenants { .. } => ("GET", "/api/tenants".to_string(), None),

@@ -249,6 +249,24 @@ fn rein_admin_says_what_to_check_when_nothing_listens() {
     assert!(err.contains("nothing listens there (is the daemon running") && err.contains("--admin ADDR"), "{err}");
 }
 
+/// A malformed `--admin` is named once (it read `error: --admin foo: --admin "foo": invalid socket address
+/// syntax ...`: the endpoint's error names the flag and the value itself). Nothing is asked.
+#[test]
+fn a_malformed_admin_address_is_named_once() {
+    for (given, want) in [
+        ("foo", "--admin \"foo\": invalid socket address syntax (expected [http[s]://]address:port)"),
+        ("127.0.0.141", "--admin \"127.0.0.141\": invalid socket address syntax (expected [http[s]://]address:port)"),
+        (
+            "ftp://127.0.0.141:9180",
+            "--admin \"ftp://127.0.0.141:9180\": unknown scheme \"ftp\", expected http or https",
+        ),
+    ] {
+        let (ok, _, err) = rein_admin(&["--admin", given, "tenants"]);
+        assert!(!ok, "{given}");
+        assert_eq!(err.trim_end(), format!("error: {want}"), "{given}");
+    }
+}
+
 /// An endpoint that is not a rein daemon's (127.0.0.226, a port of its own): it answers every request
 /// with `answer`, a whole HTTP response, and keeps each request it read (head and body).
 fn fake_endpoint(answer: &'static str) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
