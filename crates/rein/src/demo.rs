@@ -83,27 +83,16 @@ struct DemoResult {
 
 /// `rein demo`: the module comment's run, live or `--simulated`.
 pub(crate) fn run(args: DemoArgs) -> Result<()> {
-    // An unwritable --out fails now, not after the run.
-    crate::sim::check_out(&args.out)?;
     if args.simulated {
         return run_simulated(args);
     }
+    check_live_flags(&args)?;
+    // An unwritable --out fails now, not after the run (and after the flags: a refused one makes nothing).
+    crate::sim::check_out(&args.out)?;
     // lfq and dtfq are SFQ on one server with no gateway (the simulator's names for where its tags
     // come from across servers): the live run is SFQ under the name given, as `--simulated` runs it.
     let kind = args.scheduler.kind();
     let name = args.scheduler.name().to_string();
-    // Held to the rule of `--simulated` and `rein sim --scheduler` (docs/scenarios.md): without pShift's
-    // controller the token scheduler is plain round robin labelled token, and the live run judged it
-    // (`with token: reservations held (within 5%): yes`).
-    if matches!(kind, SchedulerKind::Token) {
-        bail!(
-            "scheduler \"token\" is pShift's, whose controller hands out the tokens: the demo has none (it would be \
-             plain round robin); use mclock, dmclock, rbfq, sfq or fifo (from --scheduler token)"
-        );
-    }
-    if !(args.seconds >= 6.0 && args.seconds <= 3600.0) {
-        bail!("--seconds must be between 6 and 3600");
-    }
     let mut cfg = ServerConfig::builtin();
     cfg.listen = "127.0.0.1:0".parse().expect("valid");
     cfg.admin = "127.0.0.1:0".parse().expect("valid");
@@ -282,6 +271,24 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     failed
 }
 
+/// The live run's flags, checked before anything is made: `--scheduler` one the demo can run, `--seconds`
+/// in range (each error naming the value given).
+fn check_live_flags(args: &DemoArgs) -> Result<()> {
+    // Held to the rule of `--simulated` and `rein sim --scheduler` (docs/scenarios.md): without pShift's
+    // controller the token scheduler is plain round robin labelled token, and the live run judged it
+    // (`with token: reservations held (within 5%): yes`).
+    if matches!(args.scheduler.kind(), SchedulerKind::Token) {
+        bail!(
+            "scheduler \"token\" is pShift's, whose controller hands out the tokens: the demo has none (it would be \
+             plain round robin); use mclock, dmclock, rbfq, sfq or fifo (from --scheduler token)"
+        );
+    }
+    if !(args.seconds >= 6.0 && args.seconds <= 3600.0) {
+        bail!("--seconds {} is out of range: the live demo runs 6 to 3600 s", args.seconds);
+    }
+    Ok(())
+}
+
 /// `plots: DIR/iops.png, DIR/latency.png (and .svg); `: the plots drawn (none without a font), for the
 /// closing line that names the outputs.
 fn plots_line(drawn: &[&str], dir: &str) -> String {
@@ -351,6 +358,8 @@ fn run_simulated(args: DemoArgs) -> Result<()> {
     sc = sc
         .with_scheduler_named(&args.scheduler)
         .map_err(|e| anyhow::anyhow!("{e} (from --scheduler {})", args.scheduler.name()))?;
+    // An unwritable --out fails now, not after the run (and after the scheduler: a refused one makes nothing).
+    crate::sim::check_out(&args.out)?;
     let (r, results) = sim::run_with_progress(&sc, args.json, true)?;
     let results = results.expect("asked to check");
     let drawn = sim::write_outputs(&args.out, &sc, &r, Some(&results))?;

@@ -119,19 +119,36 @@ pub(crate) fn run(args: ProbeArgs) -> Result<()> {
                 path.display()
             );
         }
-        // Reads of a hole never reach the device: an image that is mostly holes (the one a first start of
-        // the built-in default creates) measures the file system, as the server's start-up probe warns.
-        if let Some((holes, _, _)) = rein_runtime::probe::mostly_holes(path).filter(|_| args.read_pct > 0.0) {
-            errln!(
-                "warning: export {:?}: {holes}: this measures the file system, not the disk; probe an image that \
-                 holds data before using the result as capacity_iops",
-                export.name
-            );
-        }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the tokio runtime")?;
     let r = rt.block_on(async {
         let storage = rein_runtime::preflight::open_export(export)?;
+        // An export without a configured size is its image's: one smaller than an IO is refused here, naming
+        // the export and the flag, before the warning and the announcement below (the probe refused it
+        // after both, as `probe: IO size 4096 is larger than the export (100 bytes)`).
+        if u64::from(pc.io_size) > storage.size() {
+            let what = match &export.backend {
+                rein_runtime::config::BackendKind::File { path } => path.display().to_string(),
+                _ => "it".to_string(),
+            };
+            bail!(
+                "export {:?}: {what} is {} bytes, less than one IO of --size-kb {size_kb} ({} bytes)",
+                export.name,
+                storage.size(),
+                pc.io_size
+            );
+        }
+        // Reads of a hole never reach the device: an image that is mostly holes (the one a first start of
+        // the built-in default creates) measures the file system, as the server's start-up probe warns.
+        if let rein_runtime::config::BackendKind::File { path } = &export.backend {
+            if let Some((holes, _, _)) = rein_runtime::probe::mostly_holes(path).filter(|_| args.read_pct > 0.0) {
+                errln!(
+                    "warning: export {:?}: {holes}: this measures the file system, not the disk; probe an image \
+                     that holds data before using the result as capacity_iops",
+                    export.name
+                );
+            }
+        }
         let device = cfg.device.clone();
         if !args.json {
             errln!(

@@ -136,3 +136,67 @@ fn out_of_range_probe_settings_name_the_flag_and_its_range() {
         assert_eq!(err.trim_end(), format!("error: {want}"), "{flags:?}");
     }
 }
+
+/// `rein demo` with `--seconds` out of range, or `--scheduler token` (live or `--simulated`), is refused
+/// naming the value given, before its output directory is made: `rein demo --seconds 2` made `out/rein-demo/` in the working
+/// directory, then said only `--seconds must be between 6 and 3600`.
+#[test]
+fn the_demo_refuses_its_flags_before_making_its_output_directory() {
+    let tmp = common::tmpdir("demo-flags");
+    let out = tmp.path().join("out");
+    let out_arg = out.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--seconds", "2"], "error: --seconds 2 is out of range: the live demo runs 6 to 3600 s"),
+        (&["--seconds", "NaN"], "error: --seconds NaN is out of range: the live demo runs 6 to 3600 s"),
+        (&["--seconds", "4000", "--json"], "error: --seconds 4000 is out of range: the live demo runs 6 to 3600 s"),
+        (&["--scheduler", "token"], "error: scheduler \"token\" is pShift's"),
+        (
+            &["--scheduler", "token", "--simulated"],
+            "error: scenario \"demo\": server array: scheduler \"token\" is pShift's",
+        ),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["demo", "--out", out_arg];
+        args.extend_from_slice(flags);
+        let (ok, err) = rein(&args);
+        assert!(!ok, "{flags:?}");
+        assert!(err.starts_with(want) && err.lines().count() == 1, "{flags:?}: {err}");
+        assert!(!out.exists(), "{flags:?}: --out was made");
+    }
+}
+
+/// `rein probe` on an image smaller than its IO size (a file export without `size_mb`: the file's own
+/// size) is refused naming the export and the flag, before the holes warning and the `probing ...` line
+/// (it warned that the 100-byte image was "mostly holes (none of its 0 MiB written)", announced the probe,
+/// then failed with `probe: IO size 4096 is larger than the export (100 bytes)`, naming neither).
+#[test]
+fn the_probe_refuses_an_image_smaller_than_its_io_size_naming_the_export() {
+    let tmp = common::tmpdir("probe-tiny");
+    let dir = tmp.path();
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let image = data.join("a.img");
+    let cfg = common::write_file(
+        dir,
+        "rein.toml",
+        &format!("data_dir = \"{}\"\n[[exports]]\nname = \"a\"\n", data.display()),
+    );
+    let cfg = cfg.to_str().unwrap();
+    for (len, flags) in [(100_u64, &[][..]), (0, &[]), (1 << 20, &["--size-kb", "2048"])] {
+        std::fs::File::create(&image).unwrap().set_len(len).unwrap();
+        let mut args = vec!["probe", "--config", cfg, "--seconds", "0.2"];
+        args.extend_from_slice(flags);
+        let (ok, err) = rein(&args);
+        assert!(!ok, "{len}: {err}");
+        let io = if flags.is_empty() { 4096 } else { 2048 * 1024 };
+        assert_eq!(
+            err.trim_end(),
+            format!(
+                "error: export \"a\": {} is {len} bytes, less than one IO of --size-kb {} ({io} bytes)",
+                image.display(),
+                io / 1024
+            ),
+            "{len}"
+        );
+    }
+}
