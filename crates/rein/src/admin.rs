@@ -244,7 +244,10 @@ fn daemon_of(text: &str, path: &std::path::Path) -> Result<Daemon> {
 /// `--config FILE`: the admin endpoint (`https://` under `admin_tls`) and token file a daemon's
 /// configuration names. A wildcard address (`0.0.0.0`, `[::]`) is asked on loopback.
 fn endpoint_of_config(path: &std::path::Path) -> Result<(String, Option<PathBuf>)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // As the daemons read it: a FIFO without a writer refused at once (not waited on for ever), and at most
+    // their bound of bytes (not an endless file read whole into memory).
+    let text = rein_runtime::durable::read_config(path, rein_runtime::config::MAX_CONFIG_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let (admin, token, https) = match daemon_of(&text, path)? {
         Daemon::Gateway => {
             let c = rein_runtime::gateway::GatewayConfig::parse(&text, path)?;

@@ -267,6 +267,42 @@ fn a_malformed_admin_address_is_named_once() {
     }
 }
 
+/// `rein admin --config` reads the daemon's file as the daemons do (`durable::read_config`): a FIFO no
+/// process writes to is refused at once, and an endless file (/dev/zero) at the configuration's bound. It
+/// opened a FIFO blocking (waiting for a writer for ever) and read any file whole into memory.
+#[test]
+fn rein_admin_config_refuses_a_fifo_without_a_writer_and_an_endless_file() {
+    use std::time::{Duration, Instant};
+    let tmp = tmpdir("admin-config-fifo");
+    let fifo = tmp.path().join("rein.toml");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let fifo = fifo.to_str().unwrap();
+    for (config, want) in
+        [(fifo, "is a FIFO or pipe that gave nothing: no process writes to it"), ("/dev/zero", "/dev/zero")]
+    {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rein"))
+            .args(["admin", "--config", config, "status"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("rein admin --config {config} still ran after 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{config}: {err}");
+        assert!(err.starts_with(&format!("error: cannot read {config}: ")) && err.contains(want), "{config}: {err}");
+        assert_eq!(err.lines().count(), 1, "{config}: {err}");
+    }
+}
+
 /// An endpoint that is not a rein daemon's (127.0.0.226, a port of its own): it answers every request
 /// with `answer`, a whole HTTP response, and keeps each request it read (head and body).
 fn fake_endpoint(answer: &'static str) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
