@@ -141,8 +141,7 @@ fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
 /// descriptor blocks again, so the text of a pipe with a writer is read to its end.
 pub fn read_config(path: &Path, max: u64) -> std::io::Result<String> {
     use std::os::unix::fs::FileTypeExt;
-    let file = open_nonblocking(path)?;
-    blocking(&file)?;
+    let file = open_to_read(path)?;
     let fifo = file.metadata()?.file_type().is_fifo();
     let bytes = rein_model::input::read_bounded_from(&file, max)?;
     // A FIFO read without a writer ends at once, empty ("end of file": none has it open for writing).
@@ -156,7 +155,16 @@ pub fn read_config(path: &Path, max: u64) -> std::io::Result<String> {
     rein_model::input::text(bytes)
 }
 
-/// Clears `O_NONBLOCK` on `file` (opened with it by [`read_config`]).
+/// `path` opened to read without waiting for a writer: a FIFO that no process writes to then reads as empty
+/// at once, where a blocking open waited for one for ever. Once open the descriptor blocks again, so a pipe
+/// with a writer is read to its end ([`read_config`], the TLS credential files).
+pub fn open_to_read(path: &Path) -> std::io::Result<std::fs::File> {
+    let file = open_nonblocking(path)?;
+    blocking(&file)?;
+    Ok(file)
+}
+
+/// Clears `O_NONBLOCK` on `file` (opened with it by [`open_to_read`]).
 #[allow(unsafe_code)]
 fn blocking(file: &std::fs::File) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;

@@ -424,7 +424,9 @@ impl CredentialError {
 fn read(key: &str, path: &Path) -> Result<Vec<u8>, CredentialError> {
     use std::io::Read;
     let io = |e| CredentialError::file(key, path, FileProblem::Io(e));
-    let file = std::fs::File::open(path).map_err(io)?;
+    // Not waiting for a FIFO's writer: one nobody writes to reads as empty (its PEM or key lines then
+    // refused), where a blocking open held a start, a reload or `rein load` for ever.
+    let file = crate::durable::open_to_read(path).map_err(io)?;
     let mut bytes = Vec::new();
     file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > MAX_FILE_BYTES {

@@ -506,3 +506,22 @@ fn a_run_over_the_timeseries_bound_is_refused_before_connecting() {
     let accepted = listener.accept().map(|_| ());
     assert_eq!(accepted.unwrap_err().kind(), std::io::ErrorKind::WouldBlock, "no connection was made");
 }
+
+/// A TLS file (`--tls-ca`, `--tls-psk-file`) that is a FIFO no process writes to is refused at once,
+/// naming the flag and the file: its blocking open waited for a writer for ever, before any connection
+/// (as a daemon's `[tls]` file did at start). Nothing listens at the address: the run never gets there.
+#[test]
+fn a_tls_file_that_is_a_fifo_without_a_writer_is_refused_at_once() {
+    let tmp = common::tmpdir("load-tls-fifo");
+    let fifo = tmp.path().join("ca.pem");
+    // Its owner's only: a secret file others may read is warned of, a line of its own.
+    assert!(Command::new("mkfifo").args(["-m", "600"]).arg(&fifo).status().unwrap().success());
+    let fifo = fifo.to_str().unwrap();
+    let addr: SocketAddr = "127.0.0.141:9".parse().unwrap();
+    for flag in ["--tls-ca", "--tls-psk-file"] {
+        let (ok, _, err) = load(addr, &["--job", "name=a", "--seconds", "3", flag, fifo], Duration::from_secs(20));
+        assert!(!ok, "{flag}");
+        assert!(err.starts_with(&format!("error: {flag} {fifo}: ")), "{flag}: {err}");
+        assert_eq!(err.lines().count(), 1, "{flag}: {err}");
+    }
+}
