@@ -118,13 +118,16 @@ fn dispatch(a: &DispatchBenchArgs) -> Result<()> {
     if !(a.seconds > 0.0 && a.seconds <= 600.0) || a.repeat == 0 || a.outstanding == 0 || a.outstanding > 100_000 {
         bail!("--seconds in (0, 600], --repeat >= 1, --outstanding in 1..=100000");
     }
-    // Removed when dropped, also when a run fails (the file backend writes 256 MiB there).
-    let dir = tempfile::Builder::new().prefix("rein-bench-dispatch-").tempdir()?;
     let storage: std::sync::Arc<dyn rein_runtime::Storage> = match a.backend.as_str() {
         "memory" => std::sync::Arc::new(rein_runtime::MemStorage::new(256 << 20)),
         "file" => {
+            let dir = tempfile::Builder::new().prefix("rein-bench-dispatch-").tempdir()?;
             let path = dir.path().join("bench.img");
             let f = rein_runtime::FileStorage::open(&path, Some(256 << 20), false)?;
+            // The file and its directory go at once, the open descriptor keeping the file: a run stopped by
+            // a signal (Ctrl-C), which runs no destructor, left the 256 MiB file in the temp directory.
+            std::fs::remove_file(&path)?;
+            dir.close()?;
             // Write it once so every read hits the page cache, as in the NBD benchmark.
             let chunk = vec![0x5Au8; 1 << 20];
             for i in 0..256u64 {
