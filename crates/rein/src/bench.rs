@@ -115,8 +115,15 @@ fn dispatch_run(
 
 /// `rein bench dispatch`: one row per tenant count.
 fn dispatch(a: &DispatchBenchArgs) -> Result<()> {
-    if !(a.seconds > 0.0 && a.seconds <= 600.0) || a.repeat == 0 || a.outstanding == 0 || a.outstanding > 100_000 {
-        bail!("--seconds in (0, 600], --repeat >= 1, --outstanding in 1..=100000");
+    // Each flag alone, with the value given (all the bounds in one line left the culprit to be found).
+    if !(a.seconds > 0.0 && a.seconds <= 600.0) {
+        bail!("--seconds {} is out of range: a run lasts more than 0 and at most 600 s", a.seconds);
+    }
+    if a.repeat == 0 {
+        bail!("--repeat 0 is out of range: at least 1");
+    }
+    if a.outstanding == 0 || a.outstanding > 100_000 {
+        bail!("--outstanding {} is out of range: 1 to 100000 requests", a.outstanding);
     }
     let storage: std::sync::Arc<dyn rein_runtime::Storage> = match a.backend.as_str() {
         "memory" => std::sync::Arc::new(rein_runtime::MemStorage::new(256 << 20)),
@@ -652,8 +659,11 @@ pub(crate) fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Dispatch(a) => dispatch(&a),
         BenchCmd::Sched(a) => sched(&a),
         BenchCmd::Sim(a) => {
-            if !(a.seconds > 0.0 && a.seconds <= 3600.0) || a.servers == 0 || a.servers > 1024 {
-                bail!("--seconds must be in (0, 3600] and --servers in 1..=1024");
+            if !(a.seconds > 0.0 && a.seconds <= 3600.0) {
+                bail!("--seconds {} is out of range: a run simulates more than 0 and at most 3600 s", a.seconds);
+            }
+            if a.servers == 0 || a.servers > 1024 {
+                bail!("--servers {} is out of range: 1 to 1024 servers", a.servers);
             }
             let mut rows = Rows::start(
                 a.json,
