@@ -302,7 +302,6 @@ pub(crate) fn load_instance(path: &Path) -> Result<Instance> {
 // Solving
 // ------------------------------------------------------------------------------------------------------
 
-/// Runs pShift on `threads` threads (a rayon pool of that size; 1 = sequential) and times it.
 /// `--threads N` within 1..=[`MAX_THREADS`], or an error naming the value given.
 pub(crate) fn check_threads(threads: usize) -> Result<()> {
     if threads == 0 || threads > MAX_THREADS {
@@ -311,6 +310,7 @@ pub(crate) fn check_threads(threads: usize) -> Result<()> {
     Ok(())
 }
 
+/// Runs pShift on `threads` threads (a rayon pool of that size; 1 = sequential) and times it.
 pub(crate) fn timed_solve(
     inst: &Instance,
     threads: usize,
