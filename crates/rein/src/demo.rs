@@ -43,8 +43,9 @@ pub(crate) struct DemoArgs {
     /// in its data/ folder while the server runs and are removed at the end).
     #[arg(long, default_value = "out/rein-demo")]
     pub(crate) out: PathBuf,
-    /// Seconds of load (the capacity halves half-way).
-    #[arg(long, default_value_t = 30.0)]
+    /// Seconds of load (the capacity halves half-way); the live run only (`--simulated` runs the built-in
+    /// scenario's 120 simulated seconds).
+    #[arg(long, default_value_t = 30.0, conflicts_with = "simulated")]
     pub(crate) seconds: f64,
     /// Run the example in the simulator instead of on a live server.
     #[arg(long)]
@@ -432,5 +433,17 @@ mod tests {
             let s = args(more).scheduler;
             assert_eq!((s.name(), s.kind()), ("lfq", rein_core::SchedulerKind::Sfq), "{more:?}");
         }
+    }
+
+    /// `--seconds` is the live run's: given with `--simulated` it is a usage error (it was ignored without
+    /// a word, the simulated run lasting its scenario's time); its default does not count as given.
+    #[test]
+    fn seconds_with_simulated_is_refused() {
+        let parse = |more: &[&str]| crate::Cli::try_parse_from([&["rein", "demo"], more].concat());
+        let e = parse(&["--simulated", "--seconds", "2"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
+        assert!(e.to_string().contains("the argument '--simulated' cannot be used with '--seconds <SECONDS>'"), "{e}");
+        assert!(parse(&["--simulated"]).is_ok());
+        assert!(parse(&["--seconds", "8"]).is_ok());
     }
 }
