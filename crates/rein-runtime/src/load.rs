@@ -55,7 +55,9 @@
 //! stopped, the run ends there ([`Failures::ended_at`]) rather than at its duration: a server killed 2 s
 //! into a 20 s run held `rein load` the 18 s left, its open loop counting 3,613 requests failed unsent.
 //! The report of a run that ended early covers the time it ran ([`Recorder::end_at`]; its rates were
-//! averaged over the whole planned run), unless [`LoadConfig::report_early_end`] is off.
+//! averaged over the whole planned run), unless [`LoadConfig::report_early_end`] is off. So does the
+//! report of a run stopped by its caller ([`LoadConfig::stop`]: `rein load` on SIGINT or SIGTERM), whose
+//! requests in flight are drained as at the run's end ([`Failures::interrupted_at`]).
 //! Connections on which requests are outstanding and nothing is answered for a few seconds (the
 //! connection open) are said as the run goes, and so is their end (`load_watch.rs`).
 //! [`run_checked`] returns what failed ([`Failures`]) beside the totals; `rein load` exits non-zero on it.
@@ -215,6 +217,10 @@ pub struct LoadConfig {
     /// duration, rates and timeseries end there), as `rein load` does; `false`: the planned duration, as
     /// `rein cluster run` needs, whose parts' reports are joined and must have one duration.
     pub report_early_end: bool,
+    /// Ends the run early when notified (`rein load` on SIGINT or SIGTERM; a notification that comes
+    /// before the run's loop waits for it is kept): what ran is reported as a run whose jobs all stopped
+    /// is ([`Failures::interrupted_at`]). `None`: nothing stops the run so.
+    pub stop: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl LoadConfig {
@@ -242,6 +248,7 @@ impl LoadConfig {
             start_gate: None,
             max_errors: None,
             report_early_end: true,
+            stop: None,
         }
     }
 }
@@ -449,6 +456,9 @@ pub struct Failures {
     pub stopped: Vec<String>,
     /// When the run ended, if before its duration: every job had stopped.
     pub ended_at: Option<Duration>,
+    /// When the run was stopped by [`LoadConfig::stop`], if it was (not a failure: [`Failures::any`]
+    /// does not count it). Its report ends there, as one that ended early does.
+    pub interrupted_at: Option<Duration>,
 }
 
 impl Failures {
@@ -467,10 +477,12 @@ impl Failures {
         }
         self.broken.extend(other.broken);
         self.stopped.extend(other.stopped);
-        self.ended_at = match (self.ended_at, other.ended_at) {
+        let earliest = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        self.ended_at = earliest(self.ended_at, other.ended_at);
+        self.interrupted_at = earliest(self.interrupted_at, other.interrupted_at);
     }
 
     fn note(&mut self, job: &str, e: &ClientError) {
@@ -1077,6 +1089,12 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
                 busy.record(i, busy_ns, &mut rec);
             }
             _ = crate::precise_timer::sleep_until(&mut precise, next_timer) => {}
+            () = async { cfg.stop.as_ref().expect("guarded").notified().await }, if cfg.stop.is_some() => {
+                let t = now();
+                failures.interrupted_at = Some(Duration::from_nanos(t.0));
+                tracing::warn!("stopped at {:.1} s of {:.1} s", t.as_secs_f64(), cfg.duration.as_secs_f64());
+                break;
+            }
             _ = tokio::time::sleep_until(end) => break,
         }
     }
@@ -1094,8 +1112,8 @@ pub async fn run_checked(cfg: LoadConfig, mut live: impl FnMut(Duration, &Live) 
     // than it answers in minutes).
     // Those that fail then are counted as failed, and those never answered as unanswered: both among
     // the rejected (at the run's end).
-    // The run's end: its duration, or when every job had stopped.
-    let end = failures.ended_at.map_or(duration, Nanos::from_duration).min(duration);
+    // The run's end: its duration, or when every job had stopped, or when it was stopped.
+    let end = failures.ended_at.or(failures.interrupted_at).map_or(duration, Nanos::from_duration).min(duration);
     let end_t = Nanos(end.0.saturating_sub(1));
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
         while let Some(d) = inflight.next().await {

@@ -239,6 +239,8 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         crate::sim::check_out(dir)?;
     }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (stop, signal) = stop_on_signals(&rt)?;
     // Intervals of 1 s, and specs in IOPS: the admin API does not say the server's cost model, so the
     // report's oracle assumes IOPS (LoadConfig::new's defaults).
     let cfg = LoadConfig {
@@ -248,9 +250,9 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
         seed: args.seed,
         tls: load_tls(&args)?,
         max_errors: args.max_errors,
+        stop: Some(stop.clone()),
         ..LoadConfig::new(args.addr.addr, jobs, duration)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let quiet = args.json;
     // On a worker, not on `block_on`'s thread: the connections' reader tasks then wake the load on a
     // worker, not this thread once per request (docs/serve.md, `rein load`).
@@ -271,7 +273,38 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         crate::sim::write_run(dir, "rein load", (duration - warmup).as_secs_f64(), &totals, None)?;
     }
+    if let (Some(at), Some(signal)) = (outcome.failures.interrupted_at, signal.get()) {
+        let also = failed(&outcome.failures).err().map_or(String::new(), |e| format!("; {e}"));
+        bail!(
+            "interrupted by {signal} at {:.1} s of {:.1} s: the summary covers the time it ran{also}",
+            at.as_secs_f64(),
+            duration.as_secs_f64()
+        );
+    }
     failed(&outcome.failures)
+}
+
+/// SIGINT and SIGTERM stop the run (the load's [`LoadConfig::stop`]), which then reports and writes what
+/// ran, naming the signal (it died without a summary, its `--out` left empty); a second signal ends the
+/// process at once (exit status 128 + the signal's number), for a drain that takes too long.
+fn stop_on_signals(
+    rt: &tokio::runtime::Runtime,
+) -> Result<(std::sync::Arc<tokio::sync::Notify>, std::sync::Arc<std::sync::OnceLock<&'static str>>)> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let _rt = rt.enter();
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let which = std::sync::Arc::new(std::sync::OnceLock::new());
+    let (s, w) = (stop.clone(), which.clone());
+    rt.spawn(async move {
+        let first = tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" };
+        let _ = w.set(first);
+        s.notify_one();
+        let (name, status) = tokio::select! { _ = term.recv() => ("SIGTERM", 143), _ = int.recv() => ("SIGINT", 130) };
+        errln!("error: {name} after {first}: stopping at once, without a summary");
+        std::process::exit(status);
+    });
+    Ok((stop, which))
 }
 
 /// An error when requests failed, a connection broke or a job stopped (the results above stand; the exit

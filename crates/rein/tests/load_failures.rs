@@ -525,3 +525,51 @@ fn a_tls_file_that_is_a_fifo_without_a_writer_is_refused_at_once() {
         assert_eq!(err.lines().count(), 1, "{flag}: {err}");
     }
 }
+
+/// Ctrl-C (SIGINT) stops a run before its `--seconds` and keeps what ran: the summary on stdout and
+/// `--out` over the time it ran, and an error naming the signal and when (it died at once, exit status
+/// 130, with no summary and an empty `--out`).
+#[test]
+fn a_run_stopped_by_sigint_reports_what_ran() {
+    let Some((_s, addr)) = nbdkit(&["memory", "16M"]) else {
+        return;
+    };
+    let tmp = common::tmpdir("load-sigint");
+    let out_dir = tmp.path().join("out");
+    let child = Command::new(env!("CARGO_BIN_EXE_rein"))
+        .args(["load", "--addr", &addr.to_string(), "--job", "name=x,depth=4", "--seconds", "30", "--warmup", "0"])
+        .args(["--json", "--out", out_dir.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = Server(child);
+    std::thread::sleep(Duration::from_millis(2500));
+    let sent = Instant::now();
+    assert!(Command::new("kill").args(["-INT", &child.0.id().to_string()]).status().unwrap().success());
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(sent.elapsed() < Duration::from_secs(15), "rein load still runs after SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = child.0.wait().unwrap();
+    let read = |pipe: Option<Box<dyn std::io::Read>>| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut pipe.unwrap(), &mut text).unwrap();
+        text
+    };
+    let stdout = read(child.0.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read>));
+    let stderr = read(child.0.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read>));
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: interrupted by SIGINT at ")
+            && last.ends_with(" of 30.0 s: the summary covers the time it ran"),
+        "{stderr}"
+    );
+    let v = json(&stdout);
+    let ran = v["duration_s"].as_f64().unwrap();
+    assert!(ran > 1.0 && ran < 10.0, "the summary covers the time it ran, not 30 s: {ran}");
+    assert!(v["tenants"][0]["completed"].as_u64().unwrap() > 0, "{stdout}");
+    let written = std::fs::read_to_string(out_dir.join("summary.json")).expect("--out written");
+    assert_eq!(json(&written)["duration_s"].as_f64(), Some(ran), "{written}");
+}
