@@ -581,8 +581,8 @@ impl Plan {
     /// Plans `sc` with its processes at `first` and the addresses after it (a loopback address, with room
     /// for them all below its `.255`, or an error naming `--first-address`). `port(addr, k)` gives port
     /// k (0 = NBD, 1 = admin, [`UDP_REPORTS_PORT`] = a PARDA host's UDP port) of the process at `addr`
-    /// (fixed ports from a base, or free ones). Nodes keep
-    /// their data in `node-NAME`, relative to the directory the supervisor starts them in.
+    /// (fixed ports from a base, or free ones). Nodes keep their data in `node-NAME`, relative to the
+    /// directory the supervisor starts them in.
     pub fn at(
         sc: &Scenario,
         first: Ipv4Addr,

@@ -227,8 +227,8 @@ impl LoadConfig {
     /// A run of `jobs` against the NBD server at `addr` for `duration`, with the defaults a caller sets
     /// only to change: no warm-up, intervals of 1 s, seed 1, named `rein-load`, [`MAX_PENDING`], one
     /// server named by `addr` and no admin endpoint (utilisation unknown), no TLS, specs in IOPS, no start
-    /// gate, no error limit, and a run that ends early reported as it ran. Set the rest with struct update
-    /// syntax (`LoadConfig { seed: 3, ..LoadConfig::new(addr, jobs, duration) }`).
+    /// gate, no error limit, a run that ends early reported as it ran, and no stop. Set the rest with
+    /// struct update syntax (`LoadConfig { seed: 3, ..LoadConfig::new(addr, jobs, duration) }`).
     pub fn new(addr: SocketAddr, jobs: Vec<Job>, duration: Duration) -> LoadConfig {
         LoadConfig {
             addr,
