@@ -308,6 +308,11 @@ async fn call(
             if verify != openssl::x509::X509VerifyResult::OK {
                 return Err(tls_err(&untrusted(verify.error_string())));
             }
+            // A plain HTTP endpoint answers the hello with text, which OpenSSL reads as a record of an
+            // unknown version, and says so in its raw form (`error:0A00010B:SSL routines:...`).
+            if e.to_string().contains("wrong version number") {
+                return Err(tls_err(&NOT_TLS));
+            }
             return Err(tls_err(&e));
         }
         exchange(addr, tls, &req).await
@@ -356,6 +361,10 @@ fn shown(text: &str, max: usize) -> String {
         Some((cut, _)) => format!("{}... ({} more bytes)", &text[..cut], text.len() - cut),
     }
 }
+
+/// What an `https://` endpoint that answered the TLS hello in plain text is said to be.
+const NOT_TLS: &str = "it does not speak TLS (its answer to the TLS hello is no TLS record): a plain HTTP endpoint? \
+                       then give its address without https://";
 
 /// A refused server certificate: OpenSSL's reason (`self-signed certificate`, `IP address mismatch`),
 /// and the flag that names the CA.
@@ -426,6 +435,25 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::{AdminEndpoint, Path, Pin, SslMethod, SslStream};
+
+    /// `https://` to an endpoint that speaks plain HTTP says so and what to do, not OpenSSL's raw reason
+    /// (`error:0A00010B:SSL routines:ssl3_get_record:wrong version number:../ssl/record/ssl3_record.c:350:`).
+    #[tokio::test]
+    async fn https_to_a_plain_http_endpoint_says_to_drop_https() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut c, _) = l.accept().await.unwrap();
+            let mut hello = [0u8; 512];
+            let _ = c.read(&mut hello).await;
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+        });
+        let endpoint = AdminEndpoint::parse(&format!("https://{addr}"), None).unwrap();
+        let e = super::get_json::<serde_json::Value>(&endpoint, None, "/api/tenants").await.unwrap_err();
+        assert_eq!(e.to_string(), format!("admin endpoint https://{addr}: {}", super::NOT_TLS));
+        server.await.unwrap();
+    }
 
     #[test]
     fn endpoints_parse_with_their_scheme() {
