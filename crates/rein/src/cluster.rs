@@ -139,7 +139,8 @@ fn interruptible<T: Send>(
 
 /// SIGTERM and SIGINT handlers, installed before the children start: a signal during start-up is then
 /// seen once they are up (and they are stopped), not fatal to this process with its children left running.
-fn signals(rt: &tokio::runtime::Runtime) -> Result<(Signal, Signal)> {
+/// `rein load` installs its own stop with them too.
+pub(crate) fn signals(rt: &tokio::runtime::Runtime) -> Result<(Signal, Signal)> {
     let _rt = rt.enter();
     use tokio::signal::unix::{signal, SignalKind};
     Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))

@@ -24,8 +24,10 @@ pub struct UnknownSabotage {
 impl std::str::FromStr for Sabotage {
     type Err = UnknownSabotage;
 
+    /// The sabotage of this name ([`Sabotage::name`]), as written: `rein sim --sabotage NAME` (clap parses
+    /// it with this, before the scenario is read).
     fn from_str(s: &str) -> Result<Sabotage, UnknownSabotage> {
-        Sabotage::named(s)
+        Sabotage::ALL.into_iter().find(|x| x.name() == s).ok_or_else(|| UnknownSabotage { name: s.to_string() })
     }
 }
 
@@ -69,12 +71,6 @@ impl Sabotage {
             Sabotage::NoController => "no-controller",
             Sabotage::NoShift => "no-shift",
         }
-    }
-
-    /// The sabotage of this name ([`Sabotage::name`]), for `rein sim --sabotage NAME` (clap parses it with
-    /// this, before the scenario is read). Names are matched as written.
-    pub fn named(name: &str) -> Result<Sabotage, UnknownSabotage> {
-        Sabotage::ALL.into_iter().find(|x| x.name() == name).ok_or_else(|| UnknownSabotage { name: name.to_string() })
     }
 
     /// `sc` run by the wrong scheduler, or `None` when this sabotage changes nothing in `sc` (a FIFO
