@@ -137,15 +137,6 @@ fn interruptible<T: Send>(
     })
 }
 
-/// SIGTERM and SIGINT handlers, installed before the children start: a signal during start-up is then
-/// seen once they are up (and they are stopped), not fatal to this process with its children left running.
-/// `rein load` installs its own stop with them too.
-pub(crate) fn signals(rt: &tokio::runtime::Runtime) -> Result<(Signal, Signal)> {
-    let _rt = rt.enter();
-    use tokio::signal::unix::{signal, SignalKind};
-    Ok((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
-}
-
 /// Waits for SIGINT or SIGTERM, or a child's exit (an error naming it).
 async fn serve_until_signal(sup: &Mutex<Supervisor>, signals: (Signal, Signal)) -> Result<()> {
     let (mut term, mut int) = signals;
@@ -190,7 +181,7 @@ fn finish<T>(sup: Arc<Mutex<Supervisor>>, res: Result<T>) -> Result<T> {
 /// `rein cluster up`.
 fn up(a: UpArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (mut term, mut int) = signals(&rt)?;
+    let (mut term, mut int) = crate::signals::signals(&rt)?;
     // The scenario first, as `run` reads it: one that cannot be read leaves no `--dir` behind (it was
     // created and locked, its lock file left in it, before the scenario was read).
     let sc = Scenario::load(&a.scenario)?;
@@ -237,7 +228,7 @@ fn up(a: UpArgs) -> Result<()> {
 /// `rein cluster run`.
 fn run_scenario(a: RunArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let (mut term, mut int) = signals(&rt)?;
+    let (mut term, mut int) = crate::signals::signals(&rt)?;
     let sc = Scenario::load(&a.up.scenario)?;
     if a.report.check {
         crate::sim::require_expectations(&sc)?;

@@ -290,7 +290,7 @@ pub(crate) fn run(args: LoadArgs) -> Result<()> {
 fn stop_on_signals(
     rt: &tokio::runtime::Runtime,
 ) -> Result<(std::sync::Arc<tokio::sync::Notify>, std::sync::Arc<std::sync::OnceLock<&'static str>>)> {
-    let (mut term, mut int) = crate::cluster::signals(rt)?;
+    let (mut term, mut int) = crate::signals::signals(rt)?;
     let stop = std::sync::Arc::new(tokio::sync::Notify::new());
     let which = std::sync::Arc::new(std::sync::OnceLock::new());
     let (s, w) = (stop.clone(), which.clone());

@@ -23,6 +23,7 @@ mod plot;
 mod probe;
 mod pshift;
 mod serve;
+mod signals;
 mod sim;
 
 use clap::{Parser, Subcommand};
