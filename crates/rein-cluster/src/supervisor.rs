@@ -208,11 +208,38 @@ pub const LOCK_FILE: &str = "rein-cluster.lock";
 /// `rein cluster` for as long as this value, a clone or a [`RunDir::sub`] of it lives (a `flock` on
 /// [`LOCK_FILE`] inside: the kernel drops it when the process ends, also by SIGKILL, so a lock is never
 /// stale). Nothing is written into the directory before its lock is held.
+///
+/// A directory this lock created that holds nothing but its lock file when the lock goes (a command that
+/// failed before it started anything: a scenario the cluster cannot run, a part that could not be
+/// planned) is removed with its lock file, so that a failed `rein cluster up --dir NEW` leaves no `NEW`
+/// behind. A directory that was there before keeps its lock file.
 #[derive(Debug, Clone)]
 pub struct RunDir {
     path: PathBuf,
     /// The locks held: this directory's and those of the directories it is inside of ([`RunDir::sub`]).
-    _locks: Vec<Arc<std::fs::File>>,
+    _locks: Vec<Arc<DirLock>>,
+}
+
+/// A held `flock` on a run directory's [`LOCK_FILE`], and whether the lock created the directory.
+#[derive(Debug)]
+struct DirLock {
+    file: std::fs::File,
+    /// The directory (canonical), if the lock created it: removed on drop if only the lock file is in it.
+    created: Option<PathBuf>,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let Some(dir) = &self.created else { return };
+        // Still holding the lock: only the lock file in the directory means nothing was written there.
+        let only_lock = std::fs::read_dir(dir)
+            .map(|entries| entries.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>())
+            .is_ok_and(|names| names.is_ok_and(|n| n.len() == 1 && n[0] == LOCK_FILE));
+        if only_lock && std::fs::remove_file(dir.join(LOCK_FILE)).is_ok() {
+            // Fails, leaving the directory, if another process wrote into it meanwhile.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 impl RunDir {
@@ -224,11 +251,12 @@ impl RunDir {
             let e = std::io::Error::new(std::io::ErrorKind::NotADirectory, "it is a file, not a directory");
             return Err(io(format!("using {} as the run directory", dir.display()))(e));
         }
+        let existed = std::fs::symlink_metadata(dir).is_ok();
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let path = std::fs::canonicalize(dir).map_err(io(format!("resolving {}", dir.display())))?;
         let file_path = path.join(LOCK_FILE);
         let lerr = || io(format!("locking {}", file_path.display()));
-        let mut file = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
@@ -244,9 +272,11 @@ impl RunDir {
             }
             Err(e) => return Err(lerr()(e.into())),
         }
+        let lock = DirLock { file, created: (!existed).then(|| path.clone()) };
+        let mut file = &lock.file;
         file.set_len(0).map_err(lerr())?;
         writeln!(file, "{}", std::process::id()).map_err(lerr())?;
-        Ok(RunDir { path, _locks: vec![Arc::new(file)] })
+        Ok(RunDir { path, _locks: vec![Arc::new(lock)] })
     }
 
     /// The directory `name` inside this one, created if missing and locked too (so that another
@@ -941,6 +971,29 @@ mod tests {
         drop(part);
         RunDir::lock(&d).unwrap();
         RunDir::lock(&d.join("part-1")).unwrap();
+    }
+
+    /// A run directory the lock created goes with its lock if nothing else was written into it (a command
+    /// that failed before it started anything), parts first; one that was there before, or that holds
+    /// more than the lock file, stays with its lock file.
+    #[test]
+    fn a_run_directory_the_lock_made_goes_with_it_if_nothing_was_written() {
+        let base = tempfile::tempdir().unwrap();
+        let d = base.path().join("run");
+        let run = RunDir::lock(&d).unwrap();
+        let part = run.sub("part-1-of-2").unwrap();
+        drop(run);
+        assert!(d.join("part-1-of-2").join(LOCK_FILE).exists(), "held by the part");
+        drop(part);
+        assert!(!d.exists(), "the part's directory, then the run's, removed");
+        let run = RunDir::lock(&d).unwrap();
+        let part = run.sub("part-1-of-2").unwrap();
+        std::fs::write(part.path().join("node-s1.log"), "started\n").unwrap();
+        drop((run, part));
+        assert!(d.join("part-1-of-2").join("node-s1.log").exists() && d.join(LOCK_FILE).exists(), "kept");
+        let before = tempfile::tempdir().unwrap();
+        drop(RunDir::lock(before.path()).unwrap());
+        assert!(before.path().join(LOCK_FILE).exists(), "a directory that was there keeps its lock file");
     }
 
     /// A run directory whose supervisor and children are gone is removed; one whose supervisor or a child

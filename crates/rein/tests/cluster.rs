@@ -984,15 +984,36 @@ fn a_scenario_that_cannot_be_read_leaves_no_run_directory() {
     assert_eq!(empty(&run_tmp), Vec::<String>::new(), "nothing was made");
 }
 
+/// A scenario the cluster cannot run is refused, once, before anything starts; a `--dir` it created for
+/// the run is gone again (its lock file was left in it: the plan is made after the lock, per part under
+/// `--groups-at-once`), and one that was there keeps only its lock file.
 #[test]
 fn an_unsupported_feature_is_a_clear_error_before_anything_starts() {
     let _shared = common::beside_measuring();
     let (tmp, run_tmp) = run_dirs();
     let text = TWO_NODES.replace("[[servers]]\nname = \"s1\"", "[network]\ndelay_ms = 2\n[[servers]]\nname = \"s1\"");
     let sc = scenario(tmp.path(), &text);
-    for cmd in ["up", "run"] {
-        let out = rein(&run_tmp, &["cluster", cmd, &sc, "--base-port", "0"]).output().unwrap();
+    let new_dir = tmp.path().join("new-dir");
+    let new = new_dir.to_str().unwrap();
+    let kept_dir = tmp.path().join("kept-dir");
+    std::fs::create_dir(&kept_dir).unwrap();
+    let kept = kept_dir.to_str().unwrap();
+    let runs: [&[&str]; 6] = [
+        &["up"],
+        &["run"],
+        &["up", "--dir", new],
+        &["run", "--dir", new],
+        &["run", "--dir", new, "--groups-at-once", "1"],
+        &["run", "--dir", kept, "--groups-at-once", "1"],
+    ];
+    for args in runs {
+        let (cmd, rest) = args.split_first().unwrap();
+        let out = rein(&run_tmp, &["cluster", cmd, &sc, "--base-port", "0"]).args(rest).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = stderr.lines().filter(|l| !l.contains("independent group(s)")).collect::<Vec<_>>().join("\n");
+        assert!(!new_dir.exists(), "{args:?}: the new run directory stays: {:?}", empty(&new_dir));
+        let kept_files = if args.contains(&kept) { vec!["rein-cluster.lock".to_string()] } else { vec![] };
+        assert_eq!(empty(&kept_dir), kept_files, "{args:?}");
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert_eq!(
             stderr.trim(),
