@@ -205,8 +205,37 @@ pub enum AdminClientError {
 
 /// `body`, the answer of `endpoint` to `path`, as JSON; an error names the endpoint and the path.
 fn json<T: DeserializeOwned>(endpoint: &AdminEndpoint, path: &str, body: &[u8]) -> Result<T, AdminClientError> {
-    serde_json::from_slice(body)
-        .map_err(|e| AdminClientError::Bad { addr: endpoint.addr, message: format!("{path}: {e}") })
+    serde_json::from_slice(body).map_err(|e| AdminClientError::Bad {
+        addr: endpoint.addr,
+        message: match html_page(body) {
+            Some(page) => format!("{path}: {page}, not JSON: {NOT_REIN}"),
+            None => format!("{path}: {e}"),
+        },
+    })
+}
+
+/// What an endpoint that answers with an HTML page (a web server or proxy at the address, not a Rein
+/// daemon: Rein's admin endpoints answer JSON, and text only for `/metrics`) is asked.
+const NOT_REIN: &str = "is this a Rein daemon's admin endpoint (the `admin` address in its configuration)?";
+
+/// `body` summed up as "an HTML page (title \"T\", N bytes)" if it is one (it starts, after white space,
+/// with `<!doctype` or `<html`, in any case), or `None`.
+fn html_page(body: &[u8]) -> Option<String> {
+    let start = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(body.len());
+    let head = body[start..].get(..9).unwrap_or(&body[start..]).to_ascii_lowercase();
+    if !(head.starts_with(b"<!doctype") || head.starts_with(b"<html")) {
+        return None;
+    }
+    let text = String::from_utf8_lossy(body);
+    let lower = text.to_ascii_lowercase();
+    let title = lower.find("<title>").and_then(|i| {
+        let from = i + "<title>".len();
+        lower[from..].find("</title>").map(|n| text[from..from + n].split_whitespace().collect::<Vec<_>>().join(" "))
+    });
+    Some(match title.filter(|t| !t.is_empty()) {
+        Some(t) => format!("an HTML page (title \"{}\", {} bytes)", shown(&t, 100), body.len()),
+        None => format!("an HTML page ({} bytes)", body.len()),
+    })
 }
 
 /// `GET path`, the body parsed as JSON; with `token`, authenticated.
@@ -322,9 +351,11 @@ async fn call(
     if !(200..300).contains(&status) {
         // The endpoint's errors are `{"error": "..."}`: the message, without the JSON around it.
         let said = serde_json::from_slice::<serde_json::Value>(&body).ok();
-        let text = match said.as_ref().and_then(|v| v["error"].as_str()) {
-            Some(message) => message.to_string(),
-            None => String::from_utf8_lossy(&body).trim().to_string(),
+        let text = match (said.as_ref().and_then(|v| v["error"].as_str()), html_page(&body)) {
+            (Some(message), _) => message.to_string(),
+            // A web server's or proxy's error page: what it is, not its markup (up to 2,000 characters).
+            (None, Some(page)) => format!("{page}: {NOT_REIN}"),
+            (None, None) => String::from_utf8_lossy(&body).trim().to_string(),
         };
         // Said on a terminal: neither the endpoint's text nor a name in the path may carry an escape
         // sequence, nor run to megabytes (a proxy's error page, a 414 for a name too long).
@@ -520,6 +551,60 @@ mod tests {
         assert!(matches!(super::printable("plain ü"), std::borrow::Cow::Borrowed(_)));
         assert_eq!(super::shown("abcdef", 4), "abcd... (2 more bytes)");
         assert_eq!(super::shown("abc", 4), "abc");
+    }
+
+    /// An HTML page (a web server or proxy at the address, not a Rein daemon) is named as such, with its
+    /// title, and the question whether the address is a Rein admin endpoint: as an error status's text
+    /// (it was the page's markup, up to 2,000 characters over many lines) and where JSON was expected (it
+    /// was serde's "expected value at line 1 column 1"). Rein's own JSON errors and other text are as before.
+    #[tokio::test]
+    async fn an_html_page_is_named_as_one_not_shown() {
+        use super::AdminClientError;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let page = "\n<!DOCTYPE html>\n<html><head><TITLE>404 Not\n  Found</TITLE></head><body><h1>Not Found</h1>\
+                    </body></html>\n";
+        assert_eq!(
+            super::html_page(page.as_bytes()).unwrap(),
+            format!("an HTML page (title \"404 Not Found\", {} bytes)", page.len())
+        );
+        assert_eq!(super::html_page(b"<HTML><body>x</body></HTML>").unwrap(), "an HTML page (27 bytes)");
+        assert_eq!(super::html_page(b"{\"error\": \"<html>\"}"), None);
+        assert_eq!(super::html_page(b"<!doc"), None);
+        let serve = |status: &'static str, body: &'static str| async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.245:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            tokio::spawn(async move {
+                let (mut c, _) = l.accept().await.unwrap();
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf).await;
+                let head =
+                    format!("HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\r\n", body.len());
+                c.write_all(head.as_bytes()).await.unwrap();
+                c.write_all(body.as_bytes()).await.unwrap();
+            });
+            AdminEndpoint::parse(&addr.to_string(), None).unwrap()
+        };
+        let e = super::get_text(&serve("404 Not Found", page).await, None, "/api/status").await.unwrap_err();
+        assert!(matches!(&e, AdminClientError::Status { status: 404, .. }), "{e:?}");
+        let e = e.to_string();
+        assert!(
+            e.ends_with(&format!(
+                "/api/status: HTTP 404: an HTML page (title \"404 Not Found\", {} bytes): is this a Rein daemon's \
+                 admin endpoint (the `admin` address in its configuration)?",
+                page.len()
+            )),
+            "{e}"
+        );
+        let e = super::get_json::<serde_json::Value>(&serve("200 OK", page).await, None, "/api/status")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/api/status: an HTML page (title \"404 Not Found\", "), "{e}");
+        let not_rein = "is this a Rein daemon's admin endpoint (the `admin` address in its configuration)?";
+        assert!(e.ends_with(&format!(", not JSON: {not_rein}")), "{e}");
+        let e =
+            super::get_text(&serve("500 Internal Server Error", "boom\n").await, None, "/metrics").await.unwrap_err();
+        assert!(e.to_string().ends_with("/metrics: HTTP 500: boom"), "{e}");
     }
 
     /// A server certificate the client does not trust is named as such, with why and the flag that
