@@ -177,10 +177,15 @@ fn dispatch(a: &DispatchBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// One of a comma-separated list of tenant or bucket counts (clap's error names the flag and the value).
 fn parse_count(x: &str) -> Result<usize, String> {
-    let v: usize = x.trim().replace('_', "").parse().map_err(|_| format!("{x:?} is not a tenant count"))?;
+    const GIVE: &str = "give whole numbers from 1 to 1000000 separated by commas, as 1000,10000";
+    if x.trim().is_empty() {
+        return Err(format!("an empty count: {GIVE}"));
+    }
+    let v: usize = x.trim().replace('_', "").parse().map_err(|_| format!("{x:?} is not a count: {GIVE}"))?;
     if v == 0 || v > 1_000_000 {
-        return Err(format!("tenant count {v} out of range 1..=1000000"));
+        return Err(format!("count {v} out of range 1..=1000000"));
     }
     Ok(v)
 }

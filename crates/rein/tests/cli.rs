@@ -227,7 +227,16 @@ fn bench_flags_out_of_range_name_the_flag_and_the_value() {
 fn bad_arguments_are_clear_errors() {
     let _cpu = busy();
     let (ok, _, e) = rein(&["bench", "sched", "--tenants", "abc"]);
-    assert!(!ok && e.contains("\"abc\" is not a tenant count"), "{e}");
+    let give = "give whole numbers from 1 to 1000000 separated by commas, as 1000,10000";
+    assert!(!ok && e.contains(&format!("'--tenants <TENANTS>': \"abc\" is not a count: {give}")), "{e}");
+    // An empty list, or an empty item, is named as such (it was `"" is not a tenant count`, also for
+    // `--buckets`, which counts buckets).
+    for buckets in ["", "1000,,10000"] {
+        let (ok, _, e) = rein(&["bench", "pshift", "--buckets", buckets]);
+        assert!(!ok && e.contains(&format!("'--buckets <BUCKETS>': an empty count: {give}")), "{buckets}: {e}");
+    }
+    let (ok, _, e) = rein(&["bench", "sim", "--tenants", "0"]);
+    assert!(!ok && e.contains("'--tenants <TENANTS>': count 0 out of range 1..=1000000"), "{e}");
     let (ok, _, e) = rein(&["bench", "sched", "--scheduler", "nope"]);
     assert!(!ok && e.contains("unknown scheduler"), "{e}");
     let (ok, _, e) = rein(&["sim", "/nonexistent/x.toml"]);
