@@ -545,20 +545,7 @@ fn a_run_stopped_by_sigint_reports_what_ran() {
         .unwrap();
     let mut child = Server(child);
     std::thread::sleep(Duration::from_millis(2500));
-    let sent = Instant::now();
-    assert!(Command::new("kill").args(["-INT", &child.0.id().to_string()]).status().unwrap().success());
-    while child.0.try_wait().unwrap().is_none() {
-        assert!(sent.elapsed() < Duration::from_secs(15), "rein load still runs after SIGINT");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let status = child.0.wait().unwrap();
-    let read = |pipe: Option<Box<dyn std::io::Read>>| {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut pipe.unwrap(), &mut text).unwrap();
-        text
-    };
-    let stdout = read(child.0.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read>));
-    let stderr = read(child.0.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read>));
+    let (status, stdout, stderr) = signalled(&mut child, &[("-INT", Duration::ZERO)], "SIGINT");
     assert_eq!(status.code(), Some(1), "{stderr}");
     let last = stderr.trim_end().lines().last().unwrap_or("");
     assert!(
@@ -572,4 +559,61 @@ fn a_run_stopped_by_sigint_reports_what_ran() {
     assert!(v["tenants"][0]["completed"].as_u64().unwrap() > 0, "{stdout}");
     let written = std::fs::read_to_string(out_dir.join("summary.json")).expect("--out written");
     assert_eq!(json(&written)["duration_s"].as_f64(), Some(ran), "{written}");
+}
+
+/// Sends `child` each signal of `signals` after its pause, then waits (15 s at most, `what` naming the
+/// signals in the failure) for it to end: its exit status, stdout and stderr.
+fn signalled(
+    child: &mut Server,
+    signals: &[(&str, Duration)],
+    what: &str,
+) -> (std::process::ExitStatus, String, String) {
+    for (sig, pause) in signals {
+        std::thread::sleep(*pause);
+        assert!(Command::new("kill").args([*sig, &child.0.id().to_string()]).status().unwrap().success());
+    }
+    let sent = Instant::now();
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(sent.elapsed() < Duration::from_secs(15), "rein load still runs after {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = child.0.wait().unwrap();
+    let read = |pipe: Option<Box<dyn std::io::Read>>| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut pipe.unwrap(), &mut text).unwrap();
+        text
+    };
+    let stdout = read(child.0.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read>));
+    let stderr = read(child.0.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read>));
+    (status, stdout, stderr)
+}
+
+/// A second signal while the first one's drain waits for the requests in flight (held 20 s each by
+/// nbdkit's delay filter; the drain gives them 5 s, then ends with exit status 1) ends `rein load` at once, with the status of a death by that signal (143 for
+/// SIGTERM, 130 for SIGINT) and a line saying it stopped without a summary, and nothing on stdout.
+#[test]
+fn a_second_signal_during_the_drain_ends_the_run_at_once() {
+    for (first, second, name, status) in
+        [("-INT", "-TERM", "SIGTERM after SIGINT", 143), ("-TERM", "-INT", "SIGINT after SIGTERM", 130)]
+    {
+        let Some((_s, addr)) = nbdkit(&["--filter=delay", "memory", "16M", "rdelay=20", "wdelay=20"]) else {
+            return;
+        };
+        let child = Command::new(env!("CARGO_BIN_EXE_rein"))
+            .args(["load", "--addr", &addr.to_string(), "--job", "name=x,depth=4", "--seconds", "30"])
+            .args(["--warmup", "0", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut child = Server(child);
+        let pauses = [(first, Duration::from_millis(1500)), (second, Duration::from_millis(500))];
+        let started = Instant::now();
+        let (exit, stdout, stderr) = signalled(&mut child, &pauses, name);
+        assert!(started.elapsed() < Duration::from_secs(10), "not at once: {:?}", started.elapsed());
+        assert_eq!(exit.code(), Some(status), "{name}: {stderr}");
+        let last = stderr.trim_end().lines().last().unwrap_or("");
+        assert_eq!(last, format!("error: {name}: stopping at once, without a summary"), "{stderr}");
+        assert_eq!(stdout, "", "{name}");
+    }
 }
