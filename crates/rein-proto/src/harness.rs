@@ -101,6 +101,8 @@ type ServerRun = (Vec<u8>, Result<ServerProgress, ProtoError>);
 fn server_setup(setup: u8, out: &mut Vec<u8>) -> ServerHandshake {
     let mut hs = ServerHandshake::new(exports(), out);
     hs.set_node(setup & 4 != 0);
+    // "a" answers `base:allocation`, "ro" does not (a gateway's export).
+    hs.set_block_status(vec![true, false]);
     match setup & 3 {
         0 => {}
         1 => {
@@ -166,7 +168,15 @@ fn server_run(input: &[u8], sizes: Option<&[usize]>, setup: u8) -> ServerRun {
                     hs.tls_established();
                     hs.set_visible(vec![true; 2]);
                 }
-                p => return (out, Ok(p)),
+                p => {
+                    if let ServerProgress::Done(n) = &p {
+                        assert!(
+                            !n.base_allocation || (n.structured && n.export == 0),
+                            "base:allocation negotiated without structured replies or on an export without it"
+                        );
+                    }
+                    return (out, Ok(p));
+                }
             }
         }
     }
@@ -304,7 +314,8 @@ pub enum Outcome {
 
 /// A transmission configuration and piece sizes from the first 6 bytes of `data` (flags: bit 0 read-only,
 /// 1 structured, 2 volatile, 3 a storage-node session with `data[0] >> 4` slots; maximum payload, export
-/// size in 512-byte sectors, split seed), and the rest of `data` as the stream; then
+/// size in 512-byte sectors, split seed, whose bit 7 also negotiates `base:allocation` on a structured
+/// plain session), and the rest of `data` as the stream; then
 /// [`transmission_with`].
 pub fn transmission(data: &[u8]) {
     if data.len() < 6 {
@@ -318,6 +329,8 @@ pub fn transmission(data: &[u8]) {
         volatile: data[0] & 4 == 4,
         node: data[0] & 8 == 8,
         node_slots: (data[0] >> 4) as u32,
+        // `base:allocation` negotiated: bit 7 of the split seed, with structured replies on a plain session.
+        base_allocation: data[0] & 2 == 2 && data[0] & 8 == 0 && data[5] & 0x80 != 0,
     };
     transmission_with(config, &data[6..], &chunk_sizes(data[5]));
     transmission_shutdown(config, &data[6..], &chunk_sizes(data[5]), (data[5] % 8) as usize);
@@ -425,6 +438,11 @@ fn transmission_run_with(
                     if request.kind == RequestKind::Flush {
                         assert_eq!((request.offset, request.length), (0, 0), "a FLUSH's reserved fields are zero");
                     }
+                    if let RequestKind::BlockStatus { one } = request.kind {
+                        assert!(config.base_allocation, "a BLOCK_STATUS ran without a context negotiated");
+                        assert!(request.length > 0, "a BLOCK_STATUS of length 0 ran");
+                        assert_eq!(one, h.flags & crate::nbd::CMD_FLAG_REQ_ONE != 0, "REQ_ONE is the header's");
+                    }
                     let want_payload = if request.kind == RequestKind::Write { request.length as usize } else { 0 };
                     assert_eq!(payload.len(), want_payload, "a WRITE comes with its whole payload");
                     assert_eq!(payload, &stream[at + head..end]);
@@ -456,6 +474,10 @@ fn transmission_run_with(
 /// Encodes the reply to `outcome` and decodes it as a client would.
 fn check_reply(encoder: nbd::ReplyEncoder, outcome: &Outcome) {
     let (handle, error, data_len) = match outcome {
+        Outcome::Request(request, _) if matches!(request.kind, RequestKind::BlockStatus { .. }) => {
+            check_block_status(encoder, request);
+            return;
+        }
         Outcome::Request(request, _) => {
             let head = encoder.headroom(request);
             let data_len = if request.kind == RequestKind::Read { request.length as usize } else { 0 };
@@ -487,6 +509,53 @@ fn check_reply(encoder: nbd::ReplyEncoder, outcome: &Outcome) {
     } else {
         check_decoded(&reply, handle, error, data_len, encoder.structured(), 0);
     }
+}
+
+/// A BLOCK_STATUS's replies (the encoder's default, and extents pushed in a pattern drawn from the
+/// handle, runs of one to 2^k bytes, as a backend would push them) decode as a client would: one
+/// BLOCK_STATUS chunk with DONE and the context's id, descriptors each at least one byte, together at most
+/// the request's length, at most `MAX_EXTENTS` (one with REQ_ONE), neighbours with different flags.
+fn check_block_status(encoder: nbd::ReplyEncoder, request: &Request) {
+    assert!(encoder.structured() && !encoder.is_node(), "BLOCK_STATUS ran without structured replies");
+    let mut reply = Vec::new();
+    encoder.success(request, &mut reply);
+    check_extents(&reply, request);
+    let mut extents = nbd::Extents::new(request);
+    let mut x = request.handle | 1;
+    let mut pushes = 0;
+    loop {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = (x >> 8) & ((1 << (x % 24)) - 1);
+        pushes += 1;
+        if !extents.push(len, (x & 3) as u32) || pushes > 4 * nbd::MAX_EXTENTS {
+            break;
+        }
+    }
+    let mut reply = Vec::new();
+    extents.encode(request.handle, &mut reply);
+    check_extents(&reply, request);
+}
+
+fn check_extents(reply: &[u8], request: &Request) {
+    let (header, n) = ReplyHeader::decode(reply).expect("a reply magic").expect("a whole header");
+    let ReplyHeader::Chunk { flags, kind, handle, length } = header else { panic!("a simple BLOCK_STATUS reply") };
+    assert_eq!((handle, kind, flags), (request.handle, nbd::REPLY_TYPE_BLOCK_STATUS, REPLY_FLAG_DONE));
+    assert_eq!(reply.len(), n + length as usize);
+    assert!(length >= 12 && (length - 4) % 8 == 0, "a BLOCK_STATUS chunk of {length} bytes");
+    let payload = &reply[n..];
+    assert_eq!(payload[..4], nbd::BASE_ALLOCATION_ID.to_be_bytes());
+    let descriptors: Vec<(u32, u32)> =
+        payload[4..].chunks(8).map(|d| (crate::nbd::u32_at(d, 0), crate::nbd::u32_at(d, 4))).collect();
+    assert!(descriptors.len() <= nbd::MAX_EXTENTS);
+    if let RequestKind::BlockStatus { one: true } = request.kind {
+        assert_eq!(descriptors.len(), 1, "REQ_ONE: one descriptor");
+    }
+    assert!(descriptors.iter().all(|&(l, _)| l > 0), "a descriptor of length 0");
+    assert!(descriptors.windows(2).all(|w| w[0].1 != w[1].1), "neighbours with the same flags");
+    let total: u64 = descriptors.iter().map(|&(l, _)| l as u64).sum();
+    assert!(total <= request.length as u64, "descriptors past the request's length");
 }
 
 fn check_node_decoded(reply: &[u8], handle: u64, error: u32, data_len: usize, trailer: NodeReplyTrailer) {

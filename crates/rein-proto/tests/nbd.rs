@@ -258,7 +258,10 @@ fn go_round_trip_whole_and_byte_by_byte() {
             c.unwrap(),
             ClientProgress::Ready { size: 1 << 30, flags: exports()[0].transmission_flags(), structured: false }
         );
-        assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
+        assert_eq!(
+            s.unwrap().unwrap(),
+            ServerProgress::Done(Negotiated { export: 0, structured: false, node: None, base_allocation: false })
+        );
     }
     let (c, s) = handshake("ro", true, || 3);
     match c.unwrap() {
@@ -270,7 +273,10 @@ fn go_round_trip_whole_and_byte_by_byte() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(s.unwrap().unwrap(), ServerProgress::Done(Negotiated { export: 1, structured: true, node: None }));
+    assert_eq!(
+        s.unwrap().unwrap(),
+        ServerProgress::Done(Negotiated { export: 1, structured: true, node: None, base_allocation: false })
+    );
     // The empty name opens nothing unless a default export is set (issue 12: it used to open the first
     // export); tests/nbd_access.rs opens the default one.
     let (c, _) = handshake("", false, || 7);
@@ -326,7 +332,10 @@ fn list_export_name_abort_and_unsupported_options() {
     assert_eq!(names, vec!["rd", "ro"]);
     // EXPORT_NAME: size, flags and 124 zeroes (client did not ask for NO_ZEROES).
     let (r, out) = server_with(&flags_and(&[(OPT_EXPORT_NAME, b"ro")]));
-    assert_eq!(r.unwrap().1, ServerProgress::Done(Negotiated { export: 1, structured: false, node: None }));
+    assert_eq!(
+        r.unwrap().1,
+        ServerProgress::Done(Negotiated { export: 1, structured: false, node: None, base_allocation: false })
+    );
     assert_eq!(out.len(), 8 + 2 + 124);
     assert_eq!(u64::from_be_bytes(out[..8].try_into().unwrap()), 4096);
     // ... and none with NO_ZEROES.
@@ -416,8 +425,25 @@ fn option() -> impl Strategy<Value = (u32, Vec<u8>)> {
         }
         d
     });
+    let query = prop_oneof![
+        Just(b"base:allocation".to_vec()),
+        Just(b"base:".to_vec()),
+        Just(b"qemu:dirty-bitmap:x".to_vec()),
+        proptest::collection::vec(any::<u8>(), 0..8),
+    ];
+    let meta = (name.clone(), proptest::collection::vec(query, 0..3)).prop_map(|(n, queries)| {
+        let mut d = (n.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(&n);
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(&q);
+        }
+        d
+    });
     prop_oneof![
         3 => (prop_oneof![Just(OPT_INFO), Just(OPT_GO)], info),
+        2 => (prop_oneof![Just(OPT_LIST_META_CONTEXT), Just(OPT_SET_META_CONTEXT)], meta),
         2 => Just((OPT_LIST, Vec::new())),
         2 => Just((OPT_STRUCTURED_REPLY, Vec::new())),
         1 => name.prop_map(|n| (OPT_EXPORT_NAME, n)),
@@ -716,4 +742,133 @@ fn pipelined_options_are_answered_in_bounded_batches() {
     }
     assert_eq!(got, want);
     assert!(calls >= options / 2, "{calls} calls");
+}
+
+/// The data of a LIST_META_CONTEXT or SET_META_CONTEXT for `export` with `queries`.
+fn meta(export: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (export.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(export.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+fn go(export: &str) -> Vec<u8> {
+    let mut d = (export.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(export.as_bytes());
+    d.extend_from_slice(&0u16.to_be_bytes());
+    d
+}
+
+/// An option reply: (option, reply type, data).
+type Replied = (u32, u32, Vec<u8>);
+/// An option to send: (option, data).
+type Opt<'a> = (u32, &'a [u8]);
+
+/// The option replies at the start of `out`: (option, reply type, data) (an EXPORT_NAME's reply, which
+/// is not one, ends them).
+fn replies_of(out: &[u8]) -> Vec<Replied> {
+    let mut rest = out;
+    let mut all = Vec::new();
+    while let Ok(Some((OptionReply { option, reply, data }, n))) = decode_option_reply(rest) {
+        all.push((option, reply, data.to_vec()));
+        rest = &rest[n..];
+    }
+    all
+}
+
+/// A server offering `base:allocation` on "rd" only, fed `opts` after the client flags.
+fn meta_server(opts: &[Opt]) -> (Result<(usize, ServerProgress), ProtoError>, Vec<Replied>) {
+    let mut out = Vec::new();
+    let mut s = ServerHandshake::new(exports(), &mut out);
+    s.set_block_status(vec![true, false]);
+    out.clear();
+    let r = s.feed(&flags_and(opts), &mut out);
+    (r, replies_of(&out))
+}
+
+fn context(id: u32) -> (u32, Vec<u8>) {
+    let mut d = id.to_be_bytes().to_vec();
+    d.extend_from_slice(b"base:allocation");
+    (REP_META_CONTEXT, d)
+}
+
+/// LIST_META_CONTEXT and SET_META_CONTEXT: structured replies first, `base:allocation` on the exports
+/// flagged (a LIST's id 0, a SET's the id BLOCK_STATUS uses), the query rules, and the errors.
+#[test]
+fn meta_contexts_are_listed_and_selected_by_the_rules() {
+    let sr: Opt = (OPT_STRUCTURED_REPLY, &[]);
+    // Without structured replies: invalid.
+    for (option, data) in
+        [(OPT_LIST_META_CONTEXT, meta("rd", &[])), (OPT_SET_META_CONTEXT, meta("rd", &["base:allocation"]))]
+    {
+        let (r, replies) = meta_server(&[(option, &data)]);
+        assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
+        let got: Vec<(u32, u32)> = replies.iter().map(|(o, r, _)| (*o, *r)).collect();
+        assert_eq!(got, [(option, REP_ERR_INVALID)]);
+    }
+    let ok = |replies: &[Replied]| -> Vec<(u32, Vec<u8>)> {
+        replies.iter().skip(1).map(|(_, r, d)| (*r, d.clone())).collect()
+    };
+    let ack = (REP_ACK, Vec::new());
+    for (option, data, want) in [
+        (OPT_LIST_META_CONTEXT, meta("rd", &[]), vec![context(0), ack.clone()]),
+        (OPT_LIST_META_CONTEXT, meta("rd", &["base:"]), vec![context(0), ack.clone()]),
+        (OPT_LIST_META_CONTEXT, meta("rd", &["qemu:", "base:allocation"]), vec![context(0), ack.clone()]),
+        (OPT_LIST_META_CONTEXT, meta("rd", &["qemu:dirty-bitmap:a"]), vec![ack.clone()]),
+        (OPT_LIST_META_CONTEXT, meta("ro", &[]), vec![ack.clone()]),
+        (OPT_SET_META_CONTEXT, meta("rd", &["base:allocation"]), vec![context(BASE_ALLOCATION_ID), ack.clone()]),
+        (OPT_SET_META_CONTEXT, meta("rd", &["base:"]), vec![ack.clone()]),
+        (OPT_SET_META_CONTEXT, meta("rd", &[]), vec![ack.clone()]),
+        (OPT_SET_META_CONTEXT, meta("ro", &["base:allocation"]), vec![ack.clone()]),
+    ] {
+        let (r, replies) = meta_server(&[sr, (option, &data)]);
+        assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
+        assert!(replies.iter().all(|(o, _, _)| *o == OPT_STRUCTURED_REPLY || *o == option));
+        assert_eq!(ok(&replies), want, "{option} {data:?}");
+    }
+    for (data, error) in [
+        (meta("zz", &["base:allocation"]), REP_ERR_UNKNOWN),
+        (meta("rd", &["base:allocation"])[..10].to_vec(), REP_ERR_INVALID),
+        (meta("rd", &[&"x".repeat(MAX_NAME_LEN + 1)]), REP_ERR_TOO_BIG),
+    ] {
+        for option in [OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT] {
+            let (r, replies) = meta_server(&[sr, (option, &data)]);
+            assert_eq!(r.unwrap().1, ServerProgress::NeedMore);
+            assert_eq!(replies.last().map(|r| r.1), Some(error));
+        }
+    }
+}
+
+/// What a SET selected holds only for a GO of the same export, with nothing in between that resets it
+/// (another SET, an INFO, a failed GO); and only on an export that offers it (a gateway's: none).
+#[test]
+fn a_selected_context_holds_for_the_go_of_its_export_only() {
+    let sr: Opt = (OPT_STRUCTURED_REPLY, &[]);
+    let set = meta("rd", &["base:allocation"]);
+    let set_none = meta("rd", &["qemu:x"]);
+    let (rd, ro, zz) = (go("rd"), go("ro"), go("zz"));
+    let cases: [(&[Opt], usize, bool); 8] = [
+        (&[sr, (OPT_SET_META_CONTEXT, &set), (OPT_GO, &rd)], 0, true),
+        (&[(OPT_SET_META_CONTEXT, &set), sr, (OPT_GO, &rd)], 0, false),
+        (&[sr, (OPT_SET_META_CONTEXT, &set), (OPT_GO, &ro)], 1, false),
+        (&[sr, (OPT_SET_META_CONTEXT, &set), (OPT_INFO, &rd), (OPT_GO, &rd)], 0, false),
+        (&[sr, (OPT_SET_META_CONTEXT, &set), (OPT_SET_META_CONTEXT, &set_none), (OPT_GO, &rd)], 0, false),
+        (&[sr, (OPT_SET_META_CONTEXT, &set), (OPT_GO, &zz), (OPT_GO, &rd)], 0, false),
+        (&[sr, (OPT_SET_META_CONTEXT, &set), (OPT_EXPORT_NAME, b"rd")], 0, true),
+        (&[sr, (OPT_LIST_META_CONTEXT, &set), (OPT_GO, &rd)], 0, false),
+    ];
+    for (i, (opts, export, base_allocation)) in cases.into_iter().enumerate() {
+        let (r, _) = meta_server(opts);
+        let want = Negotiated { export, structured: opts.contains(&sr), node: None, base_allocation };
+        assert_eq!(r.unwrap().1, ServerProgress::Done(want), "case {i}");
+    }
+    // Without `set_block_status` (a gateway), nothing is offered or selected.
+    let (r, out) = server_with(&flags_and(&[sr, (OPT_SET_META_CONTEXT, &set), (OPT_GO, &rd)]));
+    let want = Negotiated { export: 0, structured: true, node: None, base_allocation: false };
+    assert_eq!(r.unwrap().1, ServerProgress::Done(want));
+    assert!(replies_of(&out).iter().all(|(_, reply, _)| *reply != REP_META_CONTEXT));
 }

@@ -88,7 +88,10 @@ fn starttls_on_is_acknowledged_and_negotiation_goes_on_over_tls() {
     option_request(&mut input, OPT_STARTTLS, &[]);
     option_request(&mut input, OPT_GO, &go("rd"));
     let (_, p) = s.feed(&input, &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
+    assert_eq!(
+        p,
+        ServerProgress::Done(Negotiated { export: 0, structured: false, node: None, base_allocation: false })
+    );
     assert_eq!(replies(&out)[0].1, REP_ERR_INVALID);
 }
 
@@ -108,7 +111,10 @@ fn starttls_with_data_is_invalid_and_off_is_policy() {
 fn tls_on_serves_plain_clients_too() {
     let mut out = Vec::new();
     let (_, p) = server(|s| s.set_tls(TlsMode::On)).feed(&flags_and(&[(OPT_GO, &go("rd"))]), &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
+    assert_eq!(
+        p,
+        ServerProgress::Done(Negotiated { export: 0, structured: false, node: None, base_allocation: false })
+    );
 }
 
 #[test]
@@ -143,7 +149,10 @@ fn tls_require_refuses_every_option_but_starttls_and_abort() {
     s.tls_established();
     out.clear();
     let (_, p) = s.feed(&opt(OPT_GO, &go("rd")), &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }));
+    assert_eq!(
+        p,
+        ServerProgress::Done(Negotiated { export: 0, structured: false, node: None, base_allocation: false })
+    );
 }
 
 /// TLS turned off (a reload) after the connection came in and before its STARTTLS: the STARTTLS gets
@@ -164,7 +173,11 @@ fn starttls_after_tls_was_turned_off_is_refused_and_the_handshake_goes_on_in_pla
         assert_eq!(replies(&out), [(OPT_STARTTLS, REP_ERR_POLICY, b"TLS is not offered".to_vec())], "{mode:?}");
         out.clear();
         let (_, p) = s.feed(&opt(OPT_GO, &go("rd")), &mut out).unwrap();
-        assert_eq!(p, ServerProgress::Done(Negotiated { export: 0, structured: false, node: None }), "{mode:?}");
+        assert_eq!(
+            p,
+            ServerProgress::Done(Negotiated { export: 0, structured: false, node: None, base_allocation: false }),
+            "{mode:?}"
+        );
         assert!(!s.tls_active());
     }
     // Off at the connection, required by the time of its first option: TLS_REQD, then STARTTLS is taken.
@@ -219,7 +232,10 @@ fn the_empty_name_opens_only_a_visible_default_export() {
     // A default export opens.
     out.clear();
     let (_, p) = server(|s| s.set_default_export(Some(1))).feed(&flags_and(&[(OPT_GO, &go(""))]), &mut out).unwrap();
-    assert_eq!(p, ServerProgress::Done(Negotiated { export: 1, structured: false, node: None }));
+    assert_eq!(
+        p,
+        ServerProgress::Done(Negotiated { export: 1, structured: false, node: None, base_allocation: false })
+    );
     // A hidden default export does not.
     out.clear();
     let both = |s: &mut ServerHandshake| {
@@ -268,7 +284,7 @@ fn confirmed_opening_can_be_refused_and_retried() {
     assert_eq!(p, ServerProgress::Opening(0));
     assert_eq!(
         s.open(Ok(()), &mut out).unwrap(),
-        ServerProgress::Done(Negotiated { export: 0, structured: false, node: None })
+        ServerProgress::Done(Negotiated { export: 0, structured: false, node: None, base_allocation: false })
     );
     assert_eq!(replies(&out).last().unwrap().1, REP_ACK);
     // EXPORT_NAME refused: close.

@@ -366,7 +366,7 @@ proptest! {
     ) {
         let config = TransmissionConfig {
             size: 1 << 16, read_only: false, structured: false, max_payload: 4096, volatile: false,
-            node: true, node_slots: 4,
+            node: true, node_slots: 4, base_allocation: false,
         };
         let mut stream = Vec::new();
         for (command, handle, offset, slot, share, delta, rho) in &reqs {
@@ -405,6 +405,7 @@ fn bad_tags_are_rejected_einval_and_the_stream_stays_in_sync() {
         volatile: false,
         node: true,
         node_slots: 2,
+        base_allocation: false,
     };
     let good = NodeTag { slot: 1, share: 65536, delta: 10, rho: 5, pool_busy: true };
     let cases = [
@@ -455,6 +456,7 @@ fn a_node_request_waits_for_its_tag_and_disc_carries_one() {
         volatile: false,
         node: true,
         node_slots: 1,
+        base_allocation: false,
     };
     let mut m = ServerTransmission::new(config);
     let mut input = Vec::new();

@@ -25,6 +25,7 @@ fn expected(c: &TransmissionConfig, op: &Op) -> Result<RequestKind, ErrorKind> {
         CMD_FLUSH => RequestKind::Flush,
         CMD_TRIM => RequestKind::Trim,
         CMD_WRITE_ZEROES => RequestKind::WriteZeroes,
+        CMD_BLOCK_STATUS => RequestKind::BlockStatus { one: op.flags & CMD_FLAG_REQ_ONE != 0 },
         _ => return Err(ErrorKind::InvalidRequest),
     };
     let mut allowed = if c.volatile { 0 } else { CMD_FLAG_FUA };
@@ -34,6 +35,10 @@ fn expected(c: &TransmissionConfig, op: &Op) -> Result<RequestKind, ErrorKind> {
     if kind == RequestKind::Read && c.structured {
         allowed |= CMD_FLAG_DF;
     }
+    let block_status = matches!(kind, RequestKind::BlockStatus { .. });
+    if block_status {
+        allowed |= CMD_FLAG_REQ_ONE;
+    }
     let writes = matches!(kind, RequestKind::Write | RequestKind::Trim | RequestKind::WriteZeroes);
     // Steps 3 and 4: flags that do not apply; a FLUSH on a volatile export or with non-zero reserved fields.
     let bad_flush = kind == RequestKind::Flush && (c.volatile || op.offset != 0 || op.length != 0);
@@ -42,6 +47,9 @@ fn expected(c: &TransmissionConfig, op: &Op) -> Result<RequestKind, ErrorKind> {
     } else if writes && c.read_only {
         Err(ErrorKind::ReadOnly)
     } else if matches!(kind, RequestKind::Read | RequestKind::Write) && op.length > c.max_payload {
+        Err(ErrorKind::InvalidRequest)
+    } else if block_status && (!c.base_allocation || op.length == 0) {
+        // Step 7: no context negotiated, or nothing to describe.
         Err(ErrorKind::InvalidRequest)
     } else if kind != RequestKind::Flush && op.offset.checked_add(op.length as u64).is_none_or(|e| e > c.size) {
         Err(if matches!(kind, RequestKind::Write | RequestKind::WriteZeroes) {
@@ -75,8 +83,8 @@ fn encode(ops: &[Op], disc: bool) -> Vec<u8> {
 }
 
 fn config() -> impl Strategy<Value = TransmissionConfig> {
-    (any::<bool>(), any::<bool>(), 1u32..=8192, 0u64..=2048, any::<bool>()).prop_map(
-        |(read_only, structured, max_payload, sectors, volatile)| TransmissionConfig {
+    (any::<bool>(), any::<bool>(), 1u32..=8192, 0u64..=2048, any::<bool>(), any::<bool>()).prop_map(
+        |(read_only, structured, max_payload, sectors, volatile, meta)| TransmissionConfig {
             size: sectors * 512,
             read_only,
             structured,
@@ -84,6 +92,7 @@ fn config() -> impl Strategy<Value = TransmissionConfig> {
             volatile,
             node: false,
             node_slots: 0,
+            base_allocation: structured && meta,
         },
     )
 }
@@ -95,13 +104,15 @@ fn op(c: TransmissionConfig) -> impl Strategy<Value = Op> {
         1 => Just(CMD_FLUSH),
         1 => Just(CMD_TRIM),
         1 => Just(CMD_WRITE_ZEROES),
-        1 => (5u16..64).prop_filter("not DISC", |c| *c != CMD_DISC && *c != CMD_WRITE_ZEROES),
+        2 => Just(CMD_BLOCK_STATUS),
+        1 => (5u16..64).prop_filter("not DISC", |c| *c != CMD_DISC && *c != CMD_WRITE_ZEROES && *c != CMD_BLOCK_STATUS),
     ];
     let flags = prop_oneof![
         6 => Just(0u16),
         2 => Just(CMD_FLAG_FUA),
         1 => Just(CMD_FLAG_NO_HOLE),
         1 => Just(CMD_FLAG_DF),
+        1 => Just(CMD_FLAG_REQ_ONE),
         1 => any::<u16>(),
     ];
     let size = c.size;
@@ -138,7 +149,8 @@ proptest! {
         let outcomes = harness::transmission_shutdown(c, &stream, &harness::chunk_sizes(seed), k);
         prop_assert_eq!(outcomes.len(), ops.len() + disc as usize);
         for (i, (op, outcome)) in ops.iter().zip(&outcomes).enumerate() {
-            let known = matches!(op.command, CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_WRITE_ZEROES);
+            let known =
+                matches!(op.command, CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_WRITE_ZEROES | CMD_BLOCK_STATUS);
             let want = if i < k {
                 expected(&c, op)
             } else if known {
@@ -235,6 +247,7 @@ fn a_rejected_write_at_the_discard_limit_is_skipped_in_bounded_memory() {
         volatile: false,
         node: false,
         node_slots: 0,
+        base_allocation: false,
     };
     let mut m = ServerTransmission::new(c);
     let mut input = Vec::new();
@@ -265,6 +278,7 @@ fn the_discard_limit_grows_with_the_maximum_payload() {
         volatile: false,
         node: false,
         node_slots: 0,
+        base_allocation: false,
     };
     let mut m = ServerTransmission::new(c);
     let mut input = Vec::new();
@@ -285,6 +299,7 @@ fn a_write_at_the_maximum_payload_is_accepted_and_one_byte_more_is_not() {
         volatile: false,
         node: false,
         node_slots: 0,
+        base_allocation: false,
     };
     let ops = [
         Op { command: CMD_WRITE, flags: 0, handle: 1, offset: 0, length: 4096 },
@@ -316,6 +331,7 @@ fn the_maximum_payload_is_clamped_so_a_read_fits_one_chunk() {
         volatile: false,
         node: false,
         node_slots: 0,
+        base_allocation: false,
     };
     let m = ServerTransmission::new(c);
     assert_eq!(m.config().max_payload, transmission::MAX_PAYLOAD_LIMIT);
@@ -335,6 +351,7 @@ fn after_shut_down_requests_get_eshutdown_and_disc_still_disconnects() {
         volatile: false,
         node: false,
         node_slots: 0,
+        base_allocation: false,
     };
     let mut m = ServerTransmission::new(c);
     let head = |command: Command, handle: u64, length: u32| {

@@ -968,6 +968,12 @@ impl Connection<'_> {
                         RequestKind::WriteZeroes => {
                             (Op::WriteZeroes { len: request.length, may_punch: !request.no_hole }, None, 0)
                         }
+                        // No context is offered yet (the handshake's default), so the state machine rejects
+                        // every BLOCK_STATUS with EINVAL and none gets here.
+                        RequestKind::BlockStatus { .. } => {
+                            self.input.consume(used);
+                            continue;
+                        }
                     };
                     if !matches!(op, Op::Write { .. }) {
                         self.input.consume(used);

@@ -6,7 +6,7 @@
 //!                                                  ^      +-- GO (visible) ----------> [Opening] --> Finished: Done
 //!                                                  |      +-- ABORT --------------> Finished: Aborted
 //!                                                  |      +-- STARTTLS (offered) ---> AwaitTls: StartTls
-//!                                                  |      +-- LIST / INFO / STRUCTURED_REPLY / other -> Options
+//!                                                  |      +-- LIST / INFO / STRUCTURED_REPLY / META_CONTEXT / other -> Options
 //!                                                  +------ tls_established() <-- AwaitTls
 //! ```
 //! [`ServerHandshake::feed`] consumes whole messages from `input` (returning how many bytes it used, so
@@ -65,6 +65,11 @@
 //!   may change and persist the node's specs): past that, NBD_REP_ERR_POLICY without asking the caller,
 //!   and the session agreed so far stands.
 //!
+//! - **Metadata contexts** ([`ServerHandshake::set_block_status`], one flag per export; none by default):
+//!   LIST_META_CONTEXT and SET_META_CONTEXT offer `base:allocation` on the exports flagged, and answer
+//!   with no context on the others; what a SET selected holds for the GO of the same export only
+//!   ([`Negotiated::base_allocation`]; the rules in [`super::meta`]).
+//!
 //! # Client states
 
 //! ```text
@@ -120,6 +125,9 @@ pub struct Negotiated {
     pub structured: bool,
     /// The storage-node session, if one was agreed (what the node answered).
     pub node: Option<NodeWelcome>,
+    /// Whether `base:allocation` was selected for this export: BLOCK_STATUS is then answered
+    /// ([`super::meta`]).
+    pub base_allocation: bool,
 }
 
 /// Result of feeding the server handshake.
@@ -203,6 +211,10 @@ pub struct ServerHandshake {
     node_pending: Option<usize>,
     /// Storage-node hellos received so far (at most [`MAX_NODE_HELLOS`] are taken).
     node_hellos: u32,
+    /// One flag per export: whether it answers `base:allocation` ([`ServerHandshake::set_block_status`]).
+    block_status: Vec<bool>,
+    /// The export a SET_META_CONTEXT selected `base:allocation` for ([`super::meta`]), if any.
+    meta: Option<usize>,
 }
 
 impl ServerHandshake {
@@ -219,6 +231,7 @@ impl ServerHandshake {
         out.extend_from_slice(&IHAVEOPT.to_be_bytes());
         out.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
         let visible = vec![true; exports.len()];
+        let block_status = vec![false; exports.len()];
         ServerHandshake {
             exports,
             max_payload: max_payload.clamp(1, MAX_PAYLOAD_LIMIT),
@@ -236,6 +249,8 @@ impl ServerHandshake {
             node: None,
             node_pending: None,
             node_hellos: 0,
+            block_status,
+            meta: None,
         }
     }
 
@@ -269,6 +284,17 @@ impl ServerHandshake {
     pub fn set_visible(&mut self, visible: Vec<bool>) {
         assert_eq!(visible.len(), self.exports.len(), "one visibility flag per export");
         self.visible = visible;
+    }
+
+    /// Sets which exports answer the `base:allocation` metadata context, one flag per export in order
+    /// (none by default): for the others LIST_META_CONTEXT and SET_META_CONTEXT answer with no context
+    /// ([`super::meta`]).
+    ///
+    /// # Panics
+    /// If `flags` does not have one flag per export (a programmer error).
+    pub fn set_block_status(&mut self, flags: Vec<bool>) {
+        assert_eq!(flags.len(), self.exports.len(), "one block-status flag per export");
+        self.block_status = flags;
     }
 
     /// Sets the export the empty name opens (an index into the exports), or none.
@@ -339,6 +365,7 @@ impl ServerHandshake {
         self.tls_active = true;
         self.structured = false;
         self.node = None;
+        self.meta = None;
     }
 
     /// Answers the [`ServerProgress::Opening`] that `feed` returned: `Ok` opens the export (its
@@ -362,6 +389,8 @@ impl ServerHandshake {
                 Err(ProtoError::Refused(message))
             }
             Err(message) => {
+                // A GO resets the selection, opened or not.
+                self.meta = None;
                 option_reply(out, pending.option, REP_ERR_POLICY, message.as_bytes());
                 Ok(ServerProgress::NeedMore)
             }
@@ -505,6 +534,8 @@ impl ServerHandshake {
             export: pending.export,
             structured: self.structured,
             node: self.node.clone(),
+            // Only for the export the contexts were selected for (module comment of `meta`).
+            base_allocation: self.structured && self.meta == Some(pending.export),
         })
     }
 
@@ -595,7 +626,11 @@ impl ServerHandshake {
                 Ok(ServerProgress::NeedMore)
             }
             OPT_INFO | OPT_GO => {
-                // u32 name length, name, u16 number of info requests, u16 each.
+                // u32 name length, name, u16 number of info requests, u16 each. A GO that fails here, or
+                // any INFO, leaves no context selected (the GO's export is checked in `send_open`).
+                if option == OPT_INFO {
+                    self.meta = None;
+                }
                 if data.len() < 6 {
                     option_reply(out, option, REP_ERR_INVALID, b"short NBD_OPT_INFO/GO");
                     return Ok(ServerProgress::NeedMore);
@@ -613,15 +648,19 @@ impl ServerHandshake {
                 }
                 let wanted: Vec<u16> = (0..nreq).map(|k| u16_at(data, 4 + nlen + 2 + 2 * k)).collect();
                 let Some(export) = self.find(&name) else {
+                    self.meta = None;
                     option_reply(out, option, REP_ERR_UNKNOWN, format!("no export named {name:?}").as_bytes());
                     return Ok(ServerProgress::NeedMore);
                 };
                 if option == OPT_GO {
                     return Ok(self.opening(PendingOpen { option, export, wanted }, out));
                 }
+                // An INFO resets the contexts selected (module comment of `meta`).
+                self.meta = None;
                 self.send_info(option, export, &wanted, out);
                 Ok(ServerProgress::NeedMore)
             }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => Ok(self.meta_context(option, data, out)),
             OPT_REIN_NODE if self.node_enabled => {
                 self.node_hellos = self.node_hellos.saturating_add(1);
                 if self.node_hellos > MAX_NODE_HELLOS {
@@ -654,6 +693,48 @@ impl ServerHandshake {
                 Ok(ServerProgress::NeedMore)
             }
         }
+    }
+}
+
+impl ServerHandshake {
+    /// NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT (module comment of [`super::meta`]).
+    fn meta_context(&mut self, option: u32, data: &[u8], out: &mut Vec<u8>) -> ServerProgress {
+        use super::meta::{MetaOption, BASE_ALLOCATION, BASE_ALLOCATION_ID};
+        let set = option == OPT_SET_META_CONTEXT;
+        if set {
+            // A SET replaces the selection, whatever becomes of it.
+            self.meta = None;
+        }
+        if !self.structured {
+            option_reply(out, option, REP_ERR_INVALID, b"metadata contexts need structured replies first");
+            return ServerProgress::NeedMore;
+        }
+        let request = match MetaOption::decode(data) {
+            Ok(r) => r,
+            Err(fault) => {
+                let (reply, message) = fault.reply();
+                option_reply(out, option, reply, message.as_bytes());
+                return ServerProgress::NeedMore;
+            }
+        };
+        let Some(export) = self.find(&request.export) else {
+            let name = &request.export;
+            option_reply(out, option, REP_ERR_UNKNOWN, format!("no export named {name:?}").as_bytes());
+            return ServerProgress::NeedMore;
+        };
+        if self.block_status[export] && request.selects_base_allocation(!set) {
+            let mut d = Vec::with_capacity(4 + BASE_ALLOCATION.len());
+            // A LIST's context id is reserved (the spec: zero); a SET's is the one BLOCK_STATUS uses.
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            d.extend_from_slice(&id.to_be_bytes());
+            d.extend_from_slice(BASE_ALLOCATION.as_bytes());
+            option_reply(out, option, REP_META_CONTEXT, &d);
+            if set {
+                self.meta = Some(export);
+            }
+        }
+        option_reply(out, option, REP_ACK, &[]);
+        ServerProgress::NeedMore
     }
 }
 

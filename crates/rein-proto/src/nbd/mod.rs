@@ -4,13 +4,15 @@
 //! - Handshake ([`handshake`]): fixed newstyle only (the oldstyle and plain newstyle handshakes are
 //!   obsolete and refused). Server flags FIXED_NEWSTYLE | NO_ZEROES. Options: EXPORT_NAME, ABORT, LIST,
 //!   INFO, GO, STRUCTURED_REPLY (acknowledged; reads are then answered with structured OFFSET_DATA
-//!   chunks), STARTTLS (when the server's [`TlsMode`] offers it; the caller runs TLS); anything else (meta
-//!   contexts, extended headers) gets NBD_REP_ERR_UNSUP, which the spec lets clients handle by carrying on
-//!   without it. REIN_NODE ([`node`]), Rein's storage-node protocol, when the server enables it. Per connection, the caller tells the handshake which exports the client may see
+//!   chunks), STARTTLS (when the server's [`TlsMode`] offers it; the caller runs TLS), LIST_META_CONTEXT
+//!   and SET_META_CONTEXT (the one context `base:allocation`, on the exports the caller says can answer it:
+//!   [`meta`]); anything else (extended headers) gets NBD_REP_ERR_UNSUP, which the spec lets clients
+//!   handle by carrying on without it. REIN_NODE ([`node`]), Rein's storage-node protocol, when the server enables it. Per connection, the caller tells the handshake which exports the client may see
 //!   ([`ServerHandshake::set_visible`]), the default export for the empty name, and whether the whole
 //!   connection is refused ([`ServerHandshake::refuse_all`]).
-//! - Transmission ([`transmission`]): READ, WRITE, DISC, FLUSH, TRIM, WRITE_ZEROES with the FUA, NO_HOLE
-//!   and DF flags; simple replies, and structured replies (OFFSET_DATA, NONE, ERROR) when negotiated. The
+//! - Transmission ([`transmission`]): READ, WRITE, DISC, FLUSH, TRIM, WRITE_ZEROES, BLOCK_STATUS (with a
+//!   context selected) with the FUA, NO_HOLE, DF and REQ_ONE flags; simple replies, and structured replies
+//!   (OFFSET_DATA, NONE, ERROR, BLOCK_STATUS) when negotiated. The
 //!   server side is a state machine ([`ServerTransmission`]) that turns bytes into requests, rejections
 //!   and disconnects, and encodes every reply ([`ReplyEncoder`]). The client side ([`client`]) tracks the
 //!   requests sent and assembles their replies, structured ones from OFFSET_DATA, OFFSET_HOLE, ERROR,
@@ -35,6 +37,7 @@ use std::fmt;
 
 pub mod client;
 pub mod handshake;
+pub mod meta;
 pub mod node;
 pub mod transmission;
 
@@ -43,6 +46,7 @@ pub use handshake::{
     decode_option_reply, option_reply, option_request, BlockSize, BlockSizeError, ClientHandshake, ClientProgress,
     Negotiated, OptionReply, Probed, ServerHandshake, ServerProgress, TlsMode, PROBE_EXPORTS_ANY_SERVER,
 };
+pub use meta::{Extents, BASE_ALLOCATION, BASE_ALLOCATION_ID, MAX_EXTENTS, STATE_HOLE, STATE_ZERO};
 pub use node::{
     decode_node_reply, encode_node_request, NodeError, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag,
     NodeTenant, NodeWelcome, SimpleReply, SpecSource, TagFault, MAX_NODE_HELLOS, MAX_NODE_NAME_LEN, MAX_NODE_TENANTS,
@@ -88,6 +92,10 @@ pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 /// Option: use structured replies in transmission.
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+/// Option: list the metadata contexts an export offers ([`meta`]).
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+/// Option: select the metadata contexts BLOCK_STATUS answers ([`meta`]).
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 /// Option reply: done.
 pub const REP_ACK: u32 = 1;
@@ -95,6 +103,8 @@ pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 /// Option reply: one piece of information of an INFO or GO.
 pub const REP_INFO: u32 = 3;
+/// Option reply: one metadata context of a LIST_META_CONTEXT or SET_META_CONTEXT (its id, its name).
+pub const REP_META_CONTEXT: u32 = 4;
 /// Option error: option not supported.
 pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 /// Option error: refused by policy.
@@ -149,13 +159,15 @@ pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 /// Command: write zeroes to a range.
 pub const CMD_WRITE_ZEROES: u16 = 6;
+/// Command: the status of a range in the metadata contexts selected ([`meta`]).
+pub const CMD_BLOCK_STATUS: u16 = 7;
 /// Request flag: force unit access (durable before the reply).
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 /// Request flag (WRITE_ZEROES): do not punch a hole.
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 /// Request flag (READ, structured replies): do not fragment the reply.
 pub const CMD_FLAG_DF: u16 = 1 << 2;
-/// Request flag (BLOCK_STATUS): one descriptor only. Not supported here.
+/// Request flag (BLOCK_STATUS): one descriptor only.
 pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 /// Request flag (WRITE_ZEROES): fail unless the zeroing is fast. Not advertised, so not accepted.
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
@@ -170,6 +182,9 @@ pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 /// Structured reply chunk: a hole (zeroes) at an offset of a read.
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+/// Structured reply chunk: the status of a range in one metadata context (its id, then descriptors of a
+/// length and flags each).
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 /// Structured reply chunk: an error at an offset, with a message.
 pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
 
@@ -408,6 +423,8 @@ pub enum Command {
     Trim,
     /// NBD_CMD_WRITE_ZEROES.
     WriteZeroes,
+    /// NBD_CMD_BLOCK_STATUS.
+    BlockStatus,
     /// A command this server does not implement (rejected with EINVAL).
     Other(u16),
 }
@@ -422,6 +439,7 @@ impl Command {
             CMD_FLUSH => Command::Flush,
             CMD_TRIM => Command::Trim,
             CMD_WRITE_ZEROES => Command::WriteZeroes,
+            CMD_BLOCK_STATUS => Command::BlockStatus,
             o => Command::Other(o),
         }
     }
@@ -435,6 +453,7 @@ impl Command {
             Command::Flush => CMD_FLUSH,
             Command::Trim => CMD_TRIM,
             Command::WriteZeroes => CMD_WRITE_ZEROES,
+            Command::BlockStatus => CMD_BLOCK_STATUS,
             Command::Other(o) => o,
         }
     }
@@ -449,6 +468,7 @@ impl fmt::Display for Command {
             Command::Flush => f.write_str("FLUSH"),
             Command::Trim => f.write_str("TRIM"),
             Command::WriteZeroes => f.write_str("WRITE_ZEROES"),
+            Command::BlockStatus => f.write_str("BLOCK_STATUS"),
             Command::Other(o) => write!(f, "command {o}"),
         }
     }

@@ -37,7 +37,8 @@
 //! 2. The command: DISC disconnects (its offset, length and flags are ignored: refusing to disconnect
 //!    gains nothing); an unknown command gets EINVAL.
 //! 3. The flags: FUA on any command (as qemu-nbd accepts it) unless the export is volatile, NO_HOLE on
-//!    WRITE_ZEROES, DF on READ with structured replies (a READ is always one chunk here); any other bit
+//!    WRITE_ZEROES, DF on READ with structured replies (a READ is always one chunk here), REQ_ONE on
+//!    BLOCK_STATUS; any other bit
 //!    gets EINVAL. The spec: "The server SHOULD return `NBD_EINVAL` if it receives an unknown command
 //!    flag. It also SHOULD return `NBD_EINVAL` if it receives a request with a flag not explicitly
 //!    documented as applicable to the given request", and FUA "is valid for all commands, provided
@@ -48,8 +49,12 @@
 //!    all-zero"; the spec leaves the error to the server, and EINVAL is what nbdkit answers).
 //! 5. A WRITE, TRIM or WRITE_ZEROES on a read-only export gets EPERM.
 //! 6. A READ or WRITE longer than the maximum payload gets EINVAL.
-//! 7. A range past the end of the export gets ENOSPC for WRITE and WRITE_ZEROES (the spec's SHOULD), EINVAL
-//!    for READ and TRIM (FLUSH has no range).
+//! 7. BLOCK_STATUS without `base:allocation` negotiated ([`TransmissionConfig::base_allocation`]) gets
+//!    EINVAL (the spec: "Servers SHOULD reply to clients doing so anyway with `EINVAL`"), and so does one
+//!    of length 0 (a reply needs at least one descriptor of at least one byte). Its length is not bound by
+//!    the maximum payload: it reads no data, and its reply is bounded by [`super::MAX_EXTENTS`].
+//! 8. A range past the end of the export gets ENOSPC for WRITE and WRITE_ZEROES (the spec's SHOULD), EINVAL
+//!    for READ, TRIM and BLOCK_STATUS (FLUSH has no range).
 //!
 //! A zero-length READ or WRITE is valid (and answered with success and no data).
 //!
@@ -87,7 +92,7 @@
 //! Simple replies unless structured replies were negotiated; then a successful READ is one OFFSET_DATA
 //! chunk with DONE (NONE for a zero-length READ), other successes a NONE chunk, and errors an ERROR chunk
 //! with a message (the spec lets servers answer non-READ requests either way; one style is simpler to
-//! check). A READ's reply header goes into headroom the caller leaves in front of the buffer the read
+//! check); a BLOCK_STATUS's success is one BLOCK_STATUS chunk ([`super::Extents`]). A READ's reply header goes into headroom the caller leaves in front of the buffer the read
 //! fills ([`ReplyEncoder::headroom`], [`ReplyEncoder::success`]), so read data is never copied to put a
 //! header in front of it.
 
@@ -115,6 +120,9 @@ pub struct TransmissionConfig {
     pub node: bool,
     /// Slots of the node session (the welcome's tenants); a tag's slot must be below it.
     pub node_slots: u32,
+    /// Whether the `base:allocation` context was negotiated (with structured replies): BLOCK_STATUS is
+    /// accepted.
+    pub base_allocation: bool,
 }
 
 impl TransmissionConfig {
@@ -128,6 +136,7 @@ impl TransmissionConfig {
             volatile: export.volatile,
             node: negotiated.node.is_some(),
             node_slots: negotiated.node.as_ref().map_or(0, |w| w.tenants.len() as u32),
+            base_allocation: negotiated.base_allocation && negotiated.structured,
         }
     }
 
@@ -154,6 +163,11 @@ pub enum RequestKind {
     Trim,
     /// Write `length` zero bytes.
     WriteZeroes,
+    /// The allocation status of `length` bytes (`base:allocation`; the reply: [`super::Extents`]).
+    BlockStatus {
+        /// NBD_CMD_FLAG_REQ_ONE: one descriptor only.
+        one: bool,
+    },
 }
 
 impl RequestKind {
@@ -170,6 +184,7 @@ impl RequestKind {
             RequestKind::Flush => Command::Flush,
             RequestKind::Trim => Command::Trim,
             RequestKind::WriteZeroes => Command::WriteZeroes,
+            RequestKind::BlockStatus { .. } => Command::BlockStatus,
         }
     }
 }
@@ -212,6 +227,10 @@ pub enum Reason {
         /// The request's length.
         length: u32,
     },
+    /// A BLOCK_STATUS without a metadata context negotiated.
+    NoMetaContext,
+    /// A BLOCK_STATUS of length 0.
+    EmptyBlockStatus,
     /// A READ or WRITE above the maximum payload.
     TooLarge {
         /// The request's length.
@@ -245,6 +264,8 @@ impl fmt::Display for Reason {
                 write!(f, "offset {offset} and length {length} are reserved and must be zero")
             }
             Reason::TooLarge { length, max } => write!(f, "{length} bytes is above the {max}-byte limit"),
+            Reason::NoMetaContext => f.write_str("no metadata context was negotiated (NBD_OPT_SET_META_CONTEXT)"),
+            Reason::EmptyBlockStatus => f.write_str("a block status query of length 0"),
             Reason::Tag(fault) => write!(f, "{fault}"),
             Reason::OutOfRange { offset, length, size } => {
                 write!(f, "range {offset}+{length} is beyond the end of the export ({size} bytes)")
@@ -433,6 +454,7 @@ impl ServerTransmission {
             Command::Flush => RequestKind::Flush,
             Command::Trim => RequestKind::Trim,
             Command::WriteZeroes => RequestKind::WriteZeroes,
+            Command::BlockStatus => RequestKind::BlockStatus { one: header.flags & CMD_FLAG_REQ_ONE != 0 },
             Command::Other(c) => {
                 let rejection =
                     Rejection { handle: header.handle, command: header.command, reason: Reason::UnknownCommand(c) };
@@ -471,7 +493,7 @@ impl ServerTransmission {
         Ok((used + whole, Event::Request { request, payload: &rest[head..whole] }))
     }
 
-    /// Steps 3-7 of the validation (module comment).
+    /// Steps 3-8 of the validation (module comment).
     fn check(&self, h: &RequestHeader, kind: RequestKind) -> Option<Reason> {
         let c = &self.config;
         let fua = if c.volatile { 0 } else { CMD_FLAG_FUA };
@@ -479,6 +501,7 @@ impl ServerTransmission {
             | match kind {
                 RequestKind::WriteZeroes => CMD_FLAG_NO_HOLE,
                 RequestKind::Read if c.structured => CMD_FLAG_DF,
+                RequestKind::BlockStatus { .. } => CMD_FLAG_REQ_ONE,
                 _ => 0,
             };
         if h.flags & !allowed != 0 {
@@ -497,6 +520,14 @@ impl ServerTransmission {
         }
         if matches!(kind, RequestKind::Read | RequestKind::Write) && h.length > c.max_payload {
             return Some(Reason::TooLarge { length: h.length, max: c.max_payload });
+        }
+        if let RequestKind::BlockStatus { .. } = kind {
+            if !c.base_allocation {
+                return Some(Reason::NoMetaContext);
+            }
+            if h.length == 0 {
+                return Some(Reason::EmptyBlockStatus);
+            }
         }
         let in_range = h.offset.checked_add(h.length as u64).is_some_and(|end| end <= c.size);
         if kind != RequestKind::Flush && !in_range {
@@ -551,7 +582,8 @@ impl ReplyEncoder {
     /// [`ReplyEncoder::headroom`] bytes followed by exactly `request.length` bytes of data: the header is
     /// written into the headroom and the data stays where it is. For other requests the reply is appended
     /// to `reply` (usually empty). On a node session the trailer says "not charged" (phase 0): use
-    /// [`ReplyEncoder::success_node`] for what the scheduler dispatched.
+    /// [`ReplyEncoder::success_node`] for what the scheduler dispatched. For a BLOCK_STATUS, the whole
+    /// range as data (flags 0, always true): the backend's answer is [`super::Extents::encode`].
     pub fn success(self, request: &Request, reply: &mut Vec<u8>) {
         self.success_node(request, NodeReplyTrailer::default(), reply)
     }
@@ -594,6 +626,9 @@ impl ReplyEncoder {
                     offset.copy_from_slice(&request.offset.to_be_bytes());
                 }
             }
+            // Only with a context, so only with structured replies: the whole range as data (flags 0, always
+            // true). The backend's answer goes through `Extents::encode` instead.
+            RequestKind::BlockStatus { .. } if self.structured => super::Extents::new(request).encode(handle, reply),
             _ if !self.structured => simple_reply(reply, handle, 0),
             _ => {
                 let mut h = [0u8; CHUNK_HEADER_LEN];
@@ -651,6 +686,7 @@ mod tests {
             volatile: false,
             node: false,
             node_slots: 0,
+            base_allocation: false,
         }
     }
 
@@ -811,6 +847,59 @@ mod tests {
             info(false).transmission_flags() & (TFLAG_SEND_FLUSH | TFLAG_SEND_FUA),
             TFLAG_SEND_FLUSH | TFLAG_SEND_FUA
         );
+    }
+
+    /// BLOCK_STATUS: EINVAL without a context (the connection goes on), and with one for length 0 and past
+    /// the end; REQ_ONE taken; not bound by the maximum payload; the default success one descriptor of
+    /// the whole range as data.
+    #[test]
+    fn block_status_needs_a_context_and_a_range() {
+        let mut m = ServerTransmission::new(config());
+        let input = header(Command::BlockStatus, 0, 1, 0, 4096);
+        let (used, e) = m.feed(&input).unwrap();
+        let Event::Reject(r) = e else { panic!("{e:?}") };
+        assert_eq!((used, r.reason, r.kind()), (REQUEST_LEN, Reason::NoMetaContext, ErrorKind::InvalidRequest));
+        assert!(matches!(m.feed(&header(Command::Read, 0, 2, 0, 1)).unwrap().1, Event::Request { .. }));
+        let mut m = ServerTransmission::new(TransmissionConfig { base_allocation: true, ..config() });
+        let cases = [
+            (header(Command::BlockStatus, 0, 1, 0, 0), Some(Reason::EmptyBlockStatus)),
+            (
+                header(Command::BlockStatus, 0, 1, 1 << 20, 1),
+                Some(Reason::OutOfRange { offset: 1 << 20, length: 1, size: 1 << 20 }),
+            ),
+            (header(Command::BlockStatus, CMD_FLAG_DF, 1, 0, 1), Some(Reason::BadFlags(CMD_FLAG_DF))),
+            (header(Command::BlockStatus, CMD_FLAG_REQ_ONE | CMD_FLAG_FUA, 1, 0, 1 << 20), None),
+        ];
+        for (input, reason) in cases {
+            match (m.feed(&input).unwrap(), reason) {
+                ((REQUEST_LEN, Event::Reject(r)), Some(reason)) => {
+                    assert_eq!((r.reason, r.kind()), (reason, ErrorKind::InvalidRequest))
+                }
+                ((REQUEST_LEN, Event::Request { request, payload }), None) => {
+                    assert_eq!(request.kind, RequestKind::BlockStatus { one: true });
+                    assert!(payload.is_empty());
+                    let mut r = Vec::new();
+                    m.replies().success(&request, &mut r);
+                    let mut want = Vec::new();
+                    let mut p = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+                    p.extend_from_slice(&(1u32 << 20).to_be_bytes());
+                    p.extend_from_slice(&0u32.to_be_bytes());
+                    structured_chunk(&mut want, 1, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, &[&p]);
+                    assert_eq!(r, want);
+                }
+                (other, _) => panic!("{other:?}"),
+            }
+        }
+        let negotiated = Negotiated { export: 0, structured: false, node: None, base_allocation: true };
+        let info = ExportInfo {
+            name: "a".into(),
+            description: String::new(),
+            size: 1,
+            read_only: false,
+            volatile: false,
+            min_block: 1,
+        };
+        assert!(!TransmissionConfig::new(&info, &negotiated, 1).base_allocation, "only with structured replies");
     }
 
     #[test]
