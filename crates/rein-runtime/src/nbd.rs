@@ -63,6 +63,19 @@
 //! another's. The input buffer's own charge (a large WRITE received before its tag is read) stays the
 //! export's tenant's. Without a gate the option is an unknown one (UNSUP).
 //!
+//! # Block status (NBD_CMD_BLOCK_STATUS, `base:allocation`)
+//! The handshake offers the `base:allocation` metadata context on local exports ([`Backend::Local`]:
+//! files, block devices, RAM, with or without a device model) and on no gateway volume (it would have to
+//! ask every node of the stripe; SET_META_CONTEXT selects nothing there, and BLOCK_STATUS is then EINVAL).
+//! A BLOCK_STATUS does not pass the per-tenant scheduler: it reads no data and moves no bytes to or from
+//! the device, so charging it as IO would bill a tenant (and, with a device model, the modelled device)
+//! for work it does not do, and queueing it behind the tenant's reads would only slow a copy that uses it
+//! to skip them (nbdcopy, qemu-img convert). It is bounded instead by what every request holds: a slot
+//! among the connection's [`MAX_IN_FLIGHT_PER_CONN`] and a charge to the tenant's byte budget of its
+//! largest reply ([`BLOCK_STATUS_CHARGE`], [`p::MAX_EXTENTS`] descriptors), held until the reply is
+//! written, so a client that floods it waits as one that floods READs does; the work per request is at
+//! most two `lseek`s per descriptor ([`Storage::allocation`]) on tokio's blocking pool.
+//!
 //! # Transports
 //! The code is generic over the stream. A plain connection (TCP or a Unix socket, [`crate::sock`]) splits
 //! its socket into owned halves (no lock between reader and writer, as before TLS existed); a TLS
@@ -131,6 +144,8 @@ pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// is negotiating is about to send its next option, and an idle one costs only this wait (the shutdown
 /// deadline bounds it).
 pub const HANDSHAKE_DRAIN: Duration = Duration::from_secs(2);
+/// What a BLOCK_STATUS holds of the byte budget until its reply is written: its largest reply.
+pub const BLOCK_STATUS_CHARGE: usize = p::meta::block_status_reply_len(p::MAX_EXTENTS);
 /// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
 const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
@@ -450,6 +465,8 @@ pub async fn serve_client(
     // Whether STARTTLS is offered is set before each option is read (`handshake`), as TLS stands then.
     hs.set_default_export(policy.default_export.as_ref().and_then(|d| exports.iter().position(|e| e.info.name == *d)));
     hs.set_visible(Policy::visible(&exports, peer.ip(), None));
+    // `base:allocation` on local exports only (module comment, "Block status").
+    hs.set_block_status(exports.iter().map(|e| matches!(e.backend, Backend::Local(_))).collect());
     hs.set_confirm_open(policy.cap_tenants);
     hs.set_node(policy.node.is_some());
     let (deadline, _slot) = match entry {
@@ -968,10 +985,19 @@ impl Connection<'_> {
                         RequestKind::WriteZeroes => {
                             (Op::WriteZeroes { len: request.length, may_punch: !request.no_hole }, None, 0)
                         }
-                        // No context is offered yet (the handshake's default), so the state machine rejects
-                        // every BLOCK_STATUS with EINVAL and none gets here.
+                        // Not scheduled (module comment, "Block status"): the slot and the reply's charge,
+                        // then the backend's answer.
                         RequestKind::BlockStatus { .. } => {
                             self.input.consume(used);
+                            let held = match self.hold_now(&mut None, BLOCK_STATUS_CHARGE, None) {
+                                Some(held) => held,
+                                None => tokio::select! {
+                                    h = self.hold(None, BLOCK_STATUS_CHARGE, None) => h,
+                                    _ = closing(close) => return Ok(End::Shutdown),
+                                    _ = cut_wait.as_mut() => return Ok(End::Stalled),
+                                },
+                            };
+                            self.block_status(request, held);
                             continue;
                         }
                     };
@@ -1083,6 +1109,37 @@ impl Connection<'_> {
             Backend::Remote(volume) => volume.submit(request.offset, op, request.fua, done).await,
             Backend::Hosted(hosted) => hosted.submit(request.offset, op, request.fua, done, Some(self.gone.flag())),
         }
+    }
+
+    /// Answers a BLOCK_STATUS from the export's storage on the blocking pool (module comment, "Block
+    /// status"). A backend that cannot tell (or a gateway volume, which the handshake never offers the
+    /// context for) is answered with the whole range as data.
+    fn block_status(&self, request: Request, held: Held) {
+        let encoder = self.machine.replies();
+        let replies = self.replies.clone();
+        let Backend::Local(storage) = &self.export.backend else {
+            let mut reply = Vec::new();
+            encoder.success(&request, &mut reply);
+            let _ = replies.send((reply, held));
+            return;
+        };
+        let storage = Arc::clone(storage);
+        let export = Arc::clone(&self.export);
+        tokio::task::spawn_blocking(move || {
+            let mut extents = p::Extents::new(&request);
+            let mut reply = Vec::new();
+            match storage.allocation(&mut extents) {
+                Ok(()) => extents.encode(request.handle, &mut reply),
+                Err(e) => {
+                    if matches!(e, crate::storage::StorageError::Io { .. }) {
+                        backend_failures().note(&export.info.name, request.kind.command(), &e);
+                    }
+                    tracing::debug!(handle = request.handle, command = %request.kind.command(), error = %e, "request failed");
+                    encoder.failure(&mut reply, request.handle, e.kind(), &e);
+                }
+            }
+            let _ = replies.send((reply, held));
+        });
     }
 
     fn reject(&self, rejection: &Rejection, held: Held) {

@@ -11,6 +11,14 @@
 //!   io_uring engine ([`crate::uring`]) uses the same descriptors ([`FileStorage::fd_for`]);
 //! - [`MemStorage`]: RAM, in 1 MiB pages allocated on first write (reads of untouched pages are zeroes).
 //!
+//! # Allocation (NBD block status)
+//! [`Storage::allocation`] describes a range as NBD's `base:allocation` does ([`Extents`]): a hole (not
+//! allocated, reads as zeroes) is `STATE_HOLE | STATE_ZERO`, anything else 0 ("allocated, or not known").
+//! A file asks the file system (`lseek` with `SEEK_DATA` and `SEEK_HOLE`; a file system without them
+//! reports the whole file as data, and so does a block device, whose `lseek` knows no holes); RAM reports
+//! its pages never written (or zeroed whole) as holes, at its 1 MiB granularity; any other storage
+//! reports nothing, which the reply turns into "all data". Nothing is claimed a hole or zero that is not.
+//!
 //! Every call checks `offset + len <= size` and returns [`StorageError::OutOfRange`] otherwise (the NBD
 //! server has already rejected such requests; the check keeps every other caller honest).
 //!
@@ -92,6 +100,7 @@
 //! read-only export is read-only, ENOSPC / EDQUOT / EFBIG from the OS are no space, ENOMEM is a lack of
 //! resources, any other OS error is an IO error. The protocol maps kinds to its own numbers.
 
+use rein_proto::nbd::{Extents, STATE_HOLE, STATE_ZERO};
 use rein_proto::ErrorKind;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -308,6 +317,14 @@ pub trait Storage: Send + Sync + 'static {
     /// none failed.
     fn sync_error(&self) -> Option<StorageError> {
         None
+    }
+    /// Describes the range `extents` asks about (module comment, "Allocation"): [`Extents::push`] what
+    /// lies at its next offset until it wants no more or takes no more. The default, for a storage that
+    /// cannot tell: nothing pushed, which the reply reports as data (always true). Blocks as an `lseek`
+    /// does.
+    fn allocation(&self, extents: &mut Extents) -> Result<(), StorageError> {
+        let _ = extents;
+        Ok(())
     }
 }
 
@@ -895,6 +912,47 @@ impl Storage for FileStorage {
     fn size(&self) -> u64 {
         self.size
     }
+    fn allocation(&self, extents: &mut Extents) -> Result<(), StorageError> {
+        use rustix::fs::{seek, SeekFrom};
+        use rustix::io::Errno;
+        let end = extents.next_offset() + extents.remaining();
+        check(self.size, extents.next_offset(), extents.remaining())?;
+        let err = |op, e: Errno| StorageError::Io { op, source: io::Error::from_raw_os_error(e.raw_os_error()) };
+        // Errors after which the file system cannot tell (the rest is reported as data).
+        let unknown = |e: Errno| matches!(e, Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS);
+        while extents.wants_more() {
+            let pos = extents.next_offset();
+            let data = match seek(&self.file, SeekFrom::Data(pos)) {
+                Ok(d) => d.max(pos),
+                // No data from `pos` to the end of the file: a hole (reads as zeroes) up to `end`.
+                Err(Errno::NXIO) => end,
+                Err(e) if unknown(e) => {
+                    extents.push(end - pos, 0);
+                    return Ok(());
+                }
+                Err(e) => return Err(err("lseek(SEEK_DATA)", e)),
+            };
+            if data > pos {
+                let more = extents.push(data.min(end) - pos, STATE_HOLE | STATE_ZERO);
+                if !more || data >= end {
+                    return Ok(());
+                }
+            }
+            let hole = match seek(&self.file, SeekFrom::Hole(data)) {
+                Ok(h) => h,
+                Err(Errno::NXIO) => end,
+                Err(e) if unknown(e) => end,
+                Err(e) => return Err(err("lseek(SEEK_HOLE)", e)),
+            };
+            // Data up to the next hole; a file system that answers no further than `data` (none does)
+            // gets the rest reported as data rather than a loop.
+            let to = if hole > data { hole.min(end) } else { end };
+            if !extents.push(to - data, 0) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
     fn read_only(&self) -> bool {
         self.read_only
     }
@@ -1044,6 +1102,21 @@ impl Storage for MemStorage {
     fn size(&self) -> u64 {
         self.ram.size
     }
+    fn allocation(&self, extents: &mut Extents) -> Result<(), StorageError> {
+        check(self.ram.size, extents.next_offset(), extents.remaining())?;
+        while extents.wants_more() {
+            let pos = extents.next_offset();
+            let page = (pos / PAGE) as usize;
+            let in_page = PAGE - pos % PAGE;
+            // A page never written (or zeroed whole) is not allocated and reads as zeroes.
+            let allocated = self.ram.pages[page].lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            let flags = if allocated { 0 } else { STATE_HOLE | STATE_ZERO };
+            if !extents.push(in_page, flags) {
+                break;
+            }
+        }
+        Ok(())
+    }
     fn inline_max_bytes(&self) -> u64 {
         MEMORY_INLINE_MAX
     }
@@ -1137,6 +1210,74 @@ mod tests {
         assert_eq!(StorageError::ReadOnly.kind(), ErrorKind::ReadOnly);
         let other = StorageError::Io { op: "read", source: io::Error::other("no code") };
         assert_eq!(other.kind(), ErrorKind::Io);
+    }
+
+    /// The extents `storage` reports for `length` bytes at `offset` (REQ_ONE if `one`).
+    fn allocation_of(storage: &dyn Storage, offset: u64, length: u32, one: bool) -> Vec<(u32, u32)> {
+        use rein_proto::nbd::{Request, RequestKind};
+        let kind = RequestKind::BlockStatus { one };
+        let request = Request { handle: 1, kind, offset, length, fua: false, no_hole: false, tag: None };
+        let mut extents = Extents::new(&request);
+        storage.allocation(&mut extents).unwrap();
+        extents.descriptors().to_vec()
+    }
+
+    /// A sparse file: its holes (`lseek`'s, aligned here to 64 KiB, a multiple of any file system's block)
+    /// as HOLE|ZERO, its data as 0, from any offset; REQ_ONE one run; a range past the end refused.
+    #[test]
+    fn a_sparse_file_reports_its_holes_and_data() {
+        const K64: u64 = 64 << 10;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse.img");
+        let f = File::create(&path).unwrap();
+        f.set_len(4 * PAGE).unwrap();
+        f.write_all_at(&vec![7u8; K64 as usize], 0).unwrap();
+        f.write_all_at(&vec![9u8; 2 * K64 as usize], PAGE).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        let s = FileStorage::open(&path, None, true).unwrap();
+        let hole = STATE_HOLE | STATE_ZERO;
+        let (a, b) = (K64 as u32, PAGE as u32);
+        assert_eq!(allocation_of(&s, 0, 4 * b, false), [(a, 0), (b - a, hole), (2 * a, 0), (3 * b - 2 * a, hole)]);
+        assert_eq!(allocation_of(&s, K64 / 2, b, false), [(a / 2, 0), (b - a, hole), (a / 2, 0)]);
+        assert_eq!(allocation_of(&s, 2 * PAGE, 100, false), [(100, hole)]);
+        assert_eq!(allocation_of(&s, K64, 4 * b - a, true), [(b - a, hole)]);
+        let mut e = Extents::new(&rein_proto::nbd::Request {
+            handle: 1,
+            kind: rein_proto::nbd::RequestKind::BlockStatus { one: false },
+            offset: 4 * PAGE - 1,
+            length: 2,
+            fua: false,
+            no_hole: false,
+            tag: None,
+        });
+        assert!(matches!(s.allocation(&mut e), Err(StorageError::OutOfRange { .. })));
+    }
+
+    /// A block device (a loop device over a sparse file, whose holes the device does not show): all data,
+    /// never a hole. Needs root (a loop device); elsewhere skipped.
+    #[test]
+    fn a_block_device_reports_all_data() {
+        let dir = tempfile::Builder::new().prefix("rein-storage-alloc-").tempdir().unwrap();
+        let Some(fs) = loop_fs(dir.path()) else { return };
+        let s = FileStorage::open(Path::new(fs.dev()), None, true).expect("the device");
+        let len = s.size().min(64 * PAGE) as u32;
+        assert_eq!(allocation_of(&s, 0, len, false), [(len, 0)]);
+    }
+
+    /// RAM: pages never written (or zeroed whole) are holes, written ones data.
+    #[test]
+    fn memory_reports_unwritten_pages_as_holes() {
+        let m = MemStorage::new(4 * PAGE);
+        let hole = STATE_HOLE | STATE_ZERO;
+        let p = PAGE as u32;
+        assert_eq!(allocation_of(&m, 0, 4 * p, false), [(4 * p, hole)]);
+        m.write_at(b"x", PAGE + 10).unwrap();
+        assert_eq!(allocation_of(&m, 0, 4 * p, false), [(p, hole), (p, 0), (2 * p, hole)]);
+        assert_eq!(allocation_of(&m, PAGE + 5, 10, false), [(10, 0)]);
+        assert_eq!(allocation_of(&m, 0, 4 * p, true), [(p, hole)]);
+        m.write_zeroes(PAGE, PAGE).unwrap();
+        assert_eq!(allocation_of(&m, 0, 4 * p, false), [(4 * p, hole)]);
     }
 
     #[test]
