@@ -87,7 +87,7 @@ fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, u32)> {
 /// nbdinfo lists exactly those extents (holes HOLE|ZERO = 3, data 0), qemu-img map agrees, and nbdcopy
 /// to a sparse file reads only the data (the tenant's bytes grow by about the data's size, not the
 /// export's) and leaves the copy sparse and equal. Without block status (before this change) nbdinfo
-/// printed one data extent of the whole export and nbdcopy read all 64 MiB.
+/// `--map` failed: no context to negotiate.
 #[test]
 fn a_sparse_file_export_maps_and_copies_as_its_extents() {
     let tmp = tmpdir("block-status-file");
