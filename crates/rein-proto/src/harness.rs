@@ -11,13 +11,18 @@
 //! - [`handshake`]: the server and client handshakes never panic, never consume more than they are
 //!   given, and give the same replies and the same outcome whether the input comes whole or in pieces;
 //!   also with TLS offered or required (the state machine before and after a simulated TLS switch), a
-//!   hidden export, opening confirmed by the caller, and a refused connection.
+//!   hidden export, opening confirmed by the caller, and a refused connection; export "a" offers
+//!   `base:allocation` and "ro" does not, and a finished handshake has it negotiated only with structured
+//!   replies and on "a".
 //! - [`transmission`] / [`transmission_with`]: the invariants of [`crate::nbd::transmission`]: one event
 //!   per request header, decoded from that very header; the same events however the input is split;
 //!   `NeedMore { wanted }` only when fewer than `wanted` bytes are unconsumed, and `wanted` within the
 //!   buffer bound; and every reply encodes to something a client decodes back to the request's handle,
-//!   error and length. [`transmission_shutdown`]: the same, the server shutting down after some events;
-//!   after that no request runs (NBD_ESHUTDOWN).
+//!   error and length; a BLOCK_STATUS runs only with `base:allocation` negotiated and a nonzero length,
+//!   and its replies (the default, and [`crate::nbd::Extents`] filled in a pattern) are one BLOCK_STATUS
+//!   chunk of nonzero descriptors that differ from their neighbours, at most `MAX_EXTENTS` (one with
+//!   REQ_ONE), within the request's length. [`transmission_shutdown`]: the same, the server shutting
+//!   down after some events; after that no request runs (NBD_ESHUTDOWN).
 //! - [`node_hello`]: the storage-node decoders ([`crate::nbd::node`]: hello, welcome, tag, reply trailer,
 //!   node reply) never panic, and what they accept passes the same checks as the encoders' side and
 //!   re-encodes to the same bytes. [`handshake`] and [`transmission`] also run node sessions (a bit of
