@@ -74,7 +74,11 @@
 //! among the connection's [`MAX_IN_FLIGHT_PER_CONN`] and a charge to the tenant's byte budget of its
 //! largest reply ([`BLOCK_STATUS_CHARGE`], [`p::MAX_EXTENTS`] descriptors), held until the reply is
 //! written, so a client that floods it waits as one that floods READs does; the work per request is at
-//! most two `lseek`s per descriptor ([`Storage::allocation`]) on tokio's blocking pool.
+//! most two `lseek`s per descriptor ([`Storage::allocation`]) on tokio's blocking pool. Since no scheduler
+//! paces them, a connection runs at most [`BLOCK_STATUS_AT_ONCE`] lookups at once and reads no further
+//! request while another waits (up to 2,048 `lseek`s each: without the cap one connection's 256 in
+//! flight could take 256 of the blocking pool's threads, which other exports' IO without io_uring
+//! share). Copying clients ask one at a time per connection (nbdcopy, qemu-img).
 //!
 //! # Transports
 //! The code is generic over the stream. A plain connection (TCP or a Unix socket, [`crate::sock`]) splits
@@ -146,6 +150,9 @@ pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 pub const HANDSHAKE_DRAIN: Duration = Duration::from_secs(2);
 /// What a BLOCK_STATUS holds of the byte budget until its reply is written: its largest reply.
 pub const BLOCK_STATUS_CHARGE: usize = p::meta::block_status_reply_len(p::MAX_EXTENTS);
+/// BLOCK_STATUS lookups a connection runs at once (module comment, "Block status"); the connection reads
+/// no further request while another waits for one.
+pub const BLOCK_STATUS_AT_ONCE: usize = 2;
 /// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
 const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
@@ -606,6 +613,7 @@ where
         input,
         replies,
         permits: permits.clone(),
+        lookups: Arc::new(Semaphore::new(BLOCK_STATUS_AT_ONCE)),
         budget: ctx.limits.budget.tenant(export.tenant),
         slot_budgets: node_tenants.iter().map(|&t| ctx.limits.budget.tenant(t)).collect(),
         idle: ctx.limits.idle_timeout.map(|after| Idle {
@@ -816,6 +824,8 @@ struct Connection<'a> {
     input: Input,
     replies: mpsc::UnboundedSender<Reply>,
     permits: Arc<Semaphore>,
+    /// BLOCK_STATUS lookups running ([`BLOCK_STATUS_AT_ONCE`]).
+    lookups: Arc<Semaphore>,
     budget: TenantBudget,
     /// On a storage-node session, each slot's tenant's budget (same order as `node_tenants`).
     slot_budgets: Vec<TenantBudget>,
@@ -997,7 +1007,15 @@ impl Connection<'_> {
                                     _ = cut_wait.as_mut() => return Ok(End::Stalled),
                                 },
                             };
-                            self.block_status(request, held);
+                            let lookup = match self.lookups.clone().try_acquire_owned() {
+                                Ok(lookup) => lookup,
+                                Err(_) => tokio::select! {
+                                    l = self.lookups.clone().acquire_owned() => l.expect("the semaphore is never closed"),
+                                    _ = closing(close) => return Ok(End::Shutdown),
+                                    _ = cut_wait.as_mut() => return Ok(End::Stalled),
+                                },
+                            };
+                            self.block_status(request, held, lookup);
                             continue;
                         }
                     };
@@ -1114,7 +1132,7 @@ impl Connection<'_> {
     /// Answers a BLOCK_STATUS from the export's storage on the blocking pool (module comment, "Block
     /// status"). A backend that cannot tell (or a gateway volume, which the handshake never offers the
     /// context for) is answered with the whole range as data.
-    fn block_status(&self, request: Request, held: Held) {
+    fn block_status(&self, request: Request, held: Held, lookup: OwnedSemaphorePermit) {
         let encoder = self.machine.replies();
         let replies = self.replies.clone();
         let Backend::Local(storage) = &self.export.backend else {
@@ -1139,6 +1157,9 @@ impl Connection<'_> {
                 }
             }
             let _ = replies.send((reply, held));
+            // Given back last, when the thread is about to be idle again: the next lookup then mostly
+            // finds it rather than starting another (the pool keeps a few threads for the cap's two).
+            drop(lookup);
         });
     }
 
