@@ -5,27 +5,15 @@
 //! offers no context.
 mod common;
 
-use common::{local, metrics, run_ok, series_value, serve_in, tmpdir, tool, Rein, Server};
+use common::{local, metrics, nbdsh, run_ok, series_value, serve_in, tmpdir, tool, Rein, Server};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::Command as Cmd;
 
 const MIB: u64 = 1 << 20;
 /// The sparse export's size.
 const SIZE: u64 = 64 * MIB;
 /// What the test writes into the sparse image: (offset, length), some unaligned.
 const WRITES: [(u64, u64); 3] = [(0, MIB), (8 * MIB + 100, 10_000), (40 * MIB - 1, 2)];
-
-/// libnbd's shell with the system's python3 first on the PATH (as in serve_tls.rs: the module is the
-/// system's).
-fn nbdsh() -> Cmd {
-    let mut c = tool("nbdsh");
-    let found = Cmd::new("sh").args(["-c", "command -v nbdsh"]).output().unwrap();
-    let path = PathBuf::from(String::from_utf8_lossy(&found.stdout).trim());
-    let dir = path.parent().expect("nbdsh's directory");
-    c.env("PATH", format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default()));
-    c
-}
 
 /// A `rein serve` on 127.0.0.`host` in `dir/serve` with the file export `sparse` (a sparse image the
 /// test made, [`WRITES`] written) and a 16 MiB memory export `m`.

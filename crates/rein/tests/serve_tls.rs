@@ -6,7 +6,7 @@
 mod common;
 
 use common::tls::{self, cert_dir, make_ca, make_cert};
-use common::{config_file, local, random_file, run_ok, tmpdir, tool, write_file, Rein, Server};
+use common::{config_file, local, nbdsh, random_file, run_ok, tmpdir, tool, write_file, Rein, Server};
 use rein_proto::nbd::{self as p, ClientHandshake, ClientProgress};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -944,18 +944,6 @@ fn a_client_revoked_while_its_tls_handshake_runs_is_refused() {
         s.log.lock().unwrap()
     );
     assert!(info(&alice, s.nbd).status.success(), "alice is not revoked");
-}
-
-/// libnbd's shell. It runs the first `python3` on the PATH, and libnbd's Python module is installed
-/// for the system's (`python3-libnbd`), which a python3 of one's own earlier on the PATH (pyenv) lacks:
-/// the directory nbdsh is in (the system's python3 is beside it) goes first.
-fn nbdsh() -> Cmd {
-    let mut c = tool("nbdsh");
-    let found = Cmd::new("sh").args(["-c", "command -v nbdsh"]).output().unwrap();
-    let path = PathBuf::from(String::from_utf8_lossy(&found.stdout).trim());
-    let dir = path.parent().expect("nbdsh's directory");
-    c.env("PATH", format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default()));
-    c
 }
 
 /// A reload that turns TLS off between a client's connect and its NBD_OPT_STARTTLS (a relay holds the

@@ -531,6 +531,18 @@ pub(crate) fn tool(name: &str) -> Cmd {
     Cmd::new(name)
 }
 
+/// libnbd's shell. It runs the first `python3` on the PATH, and libnbd's Python module is installed
+/// for the system's (`python3-libnbd`), which a python3 of one's own earlier on the PATH (pyenv) lacks:
+/// the directory nbdsh is in (the system's python3 is beside it) goes first.
+pub(crate) fn nbdsh() -> Cmd {
+    let mut c = tool("nbdsh");
+    let found = Cmd::new("sh").args(["-c", "command -v nbdsh"]).output().unwrap();
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&found.stdout).trim());
+    let dir = path.parent().expect("nbdsh's directory");
+    c.env("PATH", format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default()));
+    c
+}
+
 /// A child process killed (and waited for) when dropped: a server or load a test started.
 pub(crate) struct KillOnDrop(pub(crate) Child);
 
