@@ -389,8 +389,6 @@ impl ServerHandshake {
                 Err(ProtoError::Refused(message))
             }
             Err(message) => {
-                // A GO resets the selection, opened or not.
-                self.meta = None;
                 option_reply(out, pending.option, REP_ERR_POLICY, message.as_bytes());
                 Ok(ServerProgress::NeedMore)
             }
@@ -626,11 +624,8 @@ impl ServerHandshake {
                 Ok(ServerProgress::NeedMore)
             }
             OPT_INFO | OPT_GO => {
-                // u32 name length, name, u16 number of info requests, u16 each. A GO that fails here, or
-                // any INFO, leaves no context selected (the GO's export is checked in `send_open`).
-                if option == OPT_INFO {
-                    self.meta = None;
-                }
+                // u32 name length, name, u16 number of info requests, u16 each. Neither an INFO nor a GO
+                // that fails changes the contexts selected (module comment of `meta`).
                 if data.len() < 6 {
                     option_reply(out, option, REP_ERR_INVALID, b"short NBD_OPT_INFO/GO");
                     return Ok(ServerProgress::NeedMore);
@@ -648,15 +643,12 @@ impl ServerHandshake {
                 }
                 let wanted: Vec<u16> = (0..nreq).map(|k| u16_at(data, 4 + nlen + 2 + 2 * k)).collect();
                 let Some(export) = self.find(&name) else {
-                    self.meta = None;
                     option_reply(out, option, REP_ERR_UNKNOWN, format!("no export named {name:?}").as_bytes());
                     return Ok(ServerProgress::NeedMore);
                 };
                 if option == OPT_GO {
                     return Ok(self.opening(PendingOpen { option, export, wanted }, out));
                 }
-                // An INFO resets the contexts selected (module comment of `meta`).
-                self.meta = None;
                 self.send_info(option, export, &wanted, out);
                 Ok(ServerProgress::NeedMore)
             }

@@ -15,10 +15,14 @@
 //!   ([`super::ServerHandshake::set_block_status`]): for the others both options answer with no context
 //!   (only NBD_REP_ACK), which the spec allows ("It is not an error if a `NBD_OPT_SET_META_CONTEXT` option
 //!   does not select any metadata context"). `rein gateway` offers it on no export.
-//! - The selection belongs to the export named in the SET: a later SET replaces it, a later INFO (and
-//!   STARTTLS, which forgets everything) clears it, and a GO or EXPORT_NAME keeps it only if it opens the
-//!   same export (the name resolving to the same export; the empty name to the default). Otherwise the
-//!   session has no context, and a BLOCK_STATUS gets EINVAL.
+//! - The selection belongs to the export named in the last SET (the spec: "the final time it was sent,
+//!   it referred to the same export name that was ultimately selected for transmission phase with no
+//!   intervening `NBD_OPT_STARTTLS`"): a later SET replaces it (also one that fails), STARTTLS forgets it,
+//!   and a GO or EXPORT_NAME keeps it only if it opens that export (the name resolving to the same
+//!   export; the empty name to the default). An INFO, or a GO that fails, in between changes nothing (a
+//!   client may GO after an INFO of the same export without a second SET: libnbd from 1.16 on lets its
+//!   user skip it, `nbd_set_request_meta_context`). Otherwise the session has no context, and a
+//!   BLOCK_STATUS gets EINVAL.
 //!
 //! # Replies ([`Extents`])
 //! One context, so a successful BLOCK_STATUS is one NBD_REPLY_TYPE_BLOCK_STATUS chunk with DONE:
