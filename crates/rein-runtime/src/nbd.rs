@@ -1143,6 +1143,9 @@ impl Connection<'_> {
         };
         let storage = Arc::clone(storage);
         let export = Arc::clone(&self.export);
+        // The connection's lookups running with this one (at most BLOCK_STATUS_AT_ONCE; tests read it).
+        let lookups = BLOCK_STATUS_AT_ONCE - self.lookups.available_permits();
+        tracing::debug!(handle = request.handle, lookups, "block status lookup");
         tokio::task::spawn_blocking(move || {
             let mut extents = p::Extents::new(&request);
             let mut reply = Vec::new();

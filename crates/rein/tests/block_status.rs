@@ -191,14 +191,13 @@ fn the_gateway_offers_no_context() {
 
 /// 64 BLOCK_STATUS requests at once on one connection, each over 1,024 extents (4 KiB of data, 4 KiB of
 /// hole, 512 times: 2,048 `lseek`s per request), far past the connection's `BLOCK_STATUS_AT_ONCE` (2)
-/// lookups at once: every one is answered in full, and the connection then reads on (a READ). What the cap
-/// does is measured, not asserted here (nothing outside the server sees how many lookups run at once:
-/// they are too quick to be caught in `lseek`): without it each lookup took a thread of tokio's blocking
-/// pool, 62 and 63 more threads with the cap set to 256; with it 3 to 5 on a quiet machine, 21 in a CI
-/// run (a lookup's thread returns to the pool just after its permit, and under load the next lookup
-/// often starts another).
+/// lookups at once: every one is answered in full, the connection then reads on (a READ), and no lookup
+/// started with more than two of the connection's running (the server's debug line for each lookup says
+/// how many; with the cap at 256 they went up to 62, and each took a thread of tokio's blocking pool: 62
+/// and 63 more threads, against 3 to 5 with the cap on a quiet machine and 21 in a CI run, where a
+/// lookup's thread returns to the pool just after its permit and the next lookup often starts another).
 #[test]
-fn a_flood_of_block_status_on_one_connection_is_answered_in_full() {
+fn a_flood_of_block_status_on_one_connection_runs_two_lookups_at_once() {
     let tmp = tmpdir("block-status-flood");
     let dir = tmp.path();
     let image = dir.join("striped.img");
@@ -214,8 +213,12 @@ fn a_flood_of_block_status_on_one_connection_is_answered_in_full() {
          [[tenants]]\nname = \"t\"\n",
         image.display()
     );
-    let s = serve_in(&dir.join("serve"), &local(100), &body);
-    let uri = format!("nbd://{}/striped", s.nbd);
+    std::fs::create_dir_all(dir.join("serve")).unwrap();
+    let config = common::config_at(&dir.join("serve"), &local(100), &body);
+    // Its debug log (a line per lookup), read to the end once it is stopped.
+    let (child, nbd, mut log) = Rein::serve(&config).start_keeping_stderr();
+    let mut server = common::KillOnDrop(child);
+    let uri = format!("nbd://{nbd}/striped");
     let script = format!(
         "h.add_meta_context('base:allocation')\n\
          h.connect_uri('{uri}')\n\
@@ -232,4 +235,18 @@ fn a_flood_of_block_status_on_one_connection_is_answered_in_full() {
     // 64 answers of 1,024 extents each (the cap), data then hole from offset 0; then a READ.
     assert_eq!(lines.next(), Some("64 1024 1024 [4096, 0, 4096, 3]"), "{rest}");
     assert_eq!(lines.next(), Some("4096"), "{rest}");
+    let _ = server.0.kill();
+    let _ = server.0.wait();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut log, &mut text).unwrap();
+    let running: Vec<u32> = text
+        .lines()
+        .filter(|l| l.contains("block status lookup"))
+        .map(|l| {
+            let at = l.find("lookups=").unwrap_or_else(|| panic!("no lookups= in {l}")) + "lookups=".len();
+            l[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(running.len(), 64, "a debug line per lookup of the flood:\n{text}");
+    assert!(running.iter().all(|&n| (1..=2).contains(&n)), "lookups running at a lookup's start: {running:?}");
 }
