@@ -467,19 +467,27 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use super::{AdminEndpoint, Path, Pin, SslMethod, SslStream};
 
-    /// `https://` to an endpoint that speaks plain HTTP says so and what to do, not OpenSSL's raw reason
-    /// (`error:0A00010B:SSL routines:ssl3_get_record:wrong version number:../ssl/record/ssl3_record.c:350:`).
-    #[tokio::test]
-    async fn https_to_a_plain_http_endpoint_says_to_drop_https() {
+    /// A server on 127.0.0.1 that reads once from its first connection (a request, a TLS hello), answers
+    /// `response` and closes: its address, and the task to wait for.
+    async fn answer_once(response: String) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (mut c, _) = l.accept().await.unwrap();
-            let mut hello = [0u8; 512];
-            let _ = c.read(&mut hello).await;
-            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+            let mut request = [0u8; 4096];
+            let _ = c.read(&mut request).await;
+            let _ = c.write_all(response.as_bytes()).await;
         });
+        (addr, server)
+    }
+
+    /// `https://` to an endpoint that speaks plain HTTP says so and what to do, not OpenSSL's raw reason
+    /// (`error:0A00010B:SSL routines:ssl3_get_record:wrong version number:../ssl/record/ssl3_record.c:350:`).
+    #[tokio::test]
+    async fn https_to_a_plain_http_endpoint_says_to_drop_https() {
+        let (addr, server) =
+            answer_once("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()).await;
         let endpoint = AdminEndpoint::parse(&format!("https://{addr}"), None).unwrap();
         let e = super::get_json::<serde_json::Value>(&endpoint, None, "/api/tenants").await.unwrap_err();
         assert_eq!(e.to_string(), format!("admin endpoint https://{addr}: {}", super::NOT_TLS));
@@ -560,7 +568,6 @@ mod tests {
     #[tokio::test]
     async fn an_html_page_is_named_as_one_not_shown() {
         use super::AdminClientError;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let page = "\n<!DOCTYPE html>\n<html><head><TITLE>404 Not\n  Found</TITLE></head><body><h1>Not Found</h1>\
                     </body></html>\n";
         assert_eq!(
@@ -571,18 +578,9 @@ mod tests {
         assert_eq!(super::html_page(b"{\"error\": \"<html>\"}"), None);
         assert_eq!(super::html_page(b"<!doc"), None);
         let serve = |status: &'static str, body: &'static str| async move {
-            let l = tokio::net::TcpListener::bind("127.0.0.245:0").await.unwrap();
-            let addr = l.local_addr().unwrap();
-            tokio::spawn(async move {
-                let (mut c, _) = l.accept().await.unwrap();
-                let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf).await;
-                let head =
-                    format!("HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\r\n", body.len());
-                c.write_all(head.as_bytes()).await.unwrap();
-                c.write_all(body.as_bytes()).await.unwrap();
-            });
-            AdminEndpoint::parse(&addr.to_string(), None).unwrap()
+            let response =
+                format!("HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            AdminEndpoint::parse(&answer_once(response).await.0.to_string(), None).unwrap()
         };
         let e = super::get_text(&serve("404 Not Found", page).await, None, "/api/status").await.unwrap_err();
         assert!(matches!(&e, AdminClientError::Status { status: 404, .. }), "{e:?}");
