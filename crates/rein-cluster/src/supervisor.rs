@@ -211,8 +211,9 @@ pub const LOCK_FILE: &str = "rein-cluster.lock";
 ///
 /// A directory this lock created that holds nothing but its lock file when the lock goes (a command that
 /// failed before it started anything: a scenario the cluster cannot run, a part that could not be
-/// planned) is removed with its lock file, so that a failed `rein cluster up --dir NEW` leaves no `NEW`
-/// behind. A directory that was there before keeps its lock file.
+/// planned) is removed with its lock file, and so is each directory it was created in that the lock made
+/// too and that is empty then, so that a failed `rein cluster up --dir NEW/RUN` leaves no `NEW` behind. A
+/// directory that was there before keeps its lock file.
 #[derive(Debug, Clone)]
 pub struct RunDir {
     path: PathBuf,
@@ -226,6 +227,9 @@ struct DirLock {
     file: std::fs::File,
     /// The directory (canonical), if the lock created it: removed on drop if only the lock file is in it.
     created: Option<PathBuf>,
+    /// The directories its creation made on the way to it (canonical, deepest first: those above it, and
+    /// any a `..` in its name passed through): each removed after it if empty.
+    created_above: Vec<PathBuf>,
 }
 
 impl Drop for DirLock {
@@ -236,8 +240,15 @@ impl Drop for DirLock {
             .map(|entries| entries.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>())
             .is_ok_and(|names| names.is_ok_and(|n| n.len() == 1 && n[0] == LOCK_FILE));
         if only_lock && std::fs::remove_file(dir.join(LOCK_FILE)).is_ok() {
-            // Fails, leaving the directory, if another process wrote into it meanwhile.
-            let _ = std::fs::remove_dir(dir);
+            // Fails, leaving the directory (and those above it), if another process wrote into it meanwhile.
+            if std::fs::remove_dir(dir).is_ok() {
+                for above in &self.created_above {
+                    // Fails on one that is not empty (something else was made in it): kept, and those above.
+                    if std::fs::remove_dir(above).is_err() {
+                        break;
+                    }
+                }
+            }
         }
     }
 }
@@ -252,8 +263,19 @@ impl RunDir {
             return Err(io(format!("using {} as the run directory", dir.display()))(e));
         }
         let existed = std::fs::symlink_metadata(dir).is_ok();
+        // The directories above `dir` that creating it makes (named as given: `..` and links resolved
+        // once they exist).
+        let missing: Vec<&Path> = dir
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .take_while(|a| std::fs::symlink_metadata(a).is_err())
+            .collect();
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let path = std::fs::canonicalize(dir).map_err(io(format!("resolving {}", dir.display())))?;
+        let mut created_above: Vec<PathBuf> = missing.iter().filter_map(|a| std::fs::canonicalize(a).ok()).collect();
+        created_above.sort_by(|a, b| b.components().count().cmp(&a.components().count()).then(a.cmp(b)));
+        created_above.dedup();
         let file_path = path.join(LOCK_FILE);
         let lerr = || io(format!("locking {}", file_path.display()));
         let file = std::fs::OpenOptions::new()
@@ -272,7 +294,11 @@ impl RunDir {
             }
             Err(e) => return Err(lerr()(e.into())),
         }
-        let lock = DirLock { file, created: (!existed).then(|| path.clone()) };
+        let lock = DirLock {
+            file,
+            created: (!existed).then(|| path.clone()),
+            created_above: if existed { Vec::new() } else { created_above },
+        };
         let mut file = &lock.file;
         file.set_len(0).map_err(lerr())?;
         writeln!(file, "{}", std::process::id()).map_err(lerr())?;
@@ -994,6 +1020,28 @@ mod tests {
         let before = tempfile::tempdir().unwrap();
         drop(RunDir::lock(before.path()).unwrap());
         assert!(before.path().join(LOCK_FILE).exists(), "a directory that was there keeps its lock file");
+    }
+
+    /// `--dir NEW/a/RUN`: the directories the lock made above the run's go with it (deepest first) when
+    /// nothing was written; one that holds something else stays, and those above it. Before this change
+    /// only RUN went (NEW/a stayed).
+    #[test]
+    fn the_directories_made_above_a_run_directory_go_with_it() {
+        let base = tempfile::tempdir().unwrap();
+        let new = base.path().join("new");
+        drop(RunDir::lock(&new.join("a").join("run")).unwrap());
+        assert!(!new.exists(), "new/a/run, new/a and new removed");
+        // Named through `..`: the same directories.
+        drop(RunDir::lock(&new.join("a").join("..").join("b")).unwrap());
+        assert!(!new.exists(), "new/b and new removed");
+        // Something else made in new/a meanwhile: new/a and new stay.
+        let run = RunDir::lock(&new.join("a").join("run")).unwrap();
+        std::fs::write(new.join("a").join("other"), "x").unwrap();
+        drop(run);
+        assert!(!new.join("a").join("run").exists() && new.join("a").join("other").exists(), "new/a kept");
+        // A directory that was there: nothing above it is touched.
+        drop(RunDir::lock(&new.join("a")).unwrap());
+        assert!(new.join("a").join(LOCK_FILE).exists());
     }
 
     /// A run directory whose supervisor and children are gone is removed; one whose supervisor or a child
