@@ -284,9 +284,15 @@ pub enum SettingError {
     /// An `[[exports]]` entry without a name.
     #[error("an [[exports]] entry has an empty name")]
     EmptyExportName,
-    /// An export name longer than 4096 bytes, or one another export has.
-    #[error("export name {name:?} is too long or repeated")]
-    ExportName {
+    /// An export name longer than NBD allows (4096 bytes); the name itself is not quoted.
+    #[error("an [[exports]] entry's name is {len} bytes long, longer than 4096 bytes (NBD's limit)")]
+    ExportNameTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Two `[[exports]]` of one name.
+    #[error("export name {name:?} is repeated")]
+    RepeatedExport {
         /// The name.
         name: String,
     },
@@ -1390,8 +1396,11 @@ fn validate(f: File, base: &Path, o: &Overrides) -> Result<ServerConfig, Setting
         if e.name.is_empty() {
             return Err(SettingError::EmptyExportName);
         }
-        if e.name.len() > 4096 || exports.iter().any(|x| x.name == e.name) {
-            return Err(SettingError::ExportName { name: e.name.clone() });
+        if e.name.len() > 4096 {
+            return Err(SettingError::ExportNameTooLong { len: e.name.len() });
+        }
+        if exports.iter().any(|x| x.name == e.name) {
+            return Err(SettingError::RepeatedExport { name: e.name.clone() });
         }
         let export_error = |error| SettingError::Export { export: e.name.clone(), error };
         let size_mb = match (e.size_mb, e.backend.as_str()) {
@@ -1699,6 +1708,14 @@ mod tests {
         );
         // Issue 12: empty names are refused, each with its own message.
         assert_eq!(e("[[exports]]\nname = \"\""), "config: an [[exports]] entry has an empty name");
+        // A repeated name and a long one, each named as what it is (both said "too long or repeated",
+        // the long one quoting all its bytes).
+        let two = "[[exports]]\nname = \"a\"\nbackend = \"memory\"\n";
+        assert_eq!(e(&format!("{two}{two}")), "config: export name \"a\" is repeated");
+        assert_eq!(
+            e(&format!("[[exports]]\nname = \"{}\"", "x".repeat(5000))),
+            "config: an [[exports]] entry's name is 5000 bytes long, longer than 4096 bytes (NBD's limit)"
+        );
         assert_eq!(
             e("[[exports]]\nname = \"a\"\n[[tenants]]\nname = \"\""),
             "config: a [[tenants]] entry has an empty name"
