@@ -24,6 +24,12 @@
 //!    node's pieces. For commands without a payload (TRIM, WRITE_ZEROES) a request of any size is then one
 //!    node request per node, not one per unit.
 //!
+//! 5. [`Stripe::volume_extents`] (block status through a gateway) describes a volume byte with the
+//!    flags its node byte has in its node's answer, and describes exactly the volume bytes from the
+//!    request's offset up to the first whose node byte the node's answer does not cover: a node that
+//!    answered less than its range (or nothing) cuts the answer there, and a hole is reported only where
+//!    the node reported one.
+//!
 //! # Symbol map
 //! `U` -> `unit`, `w_j` -> `widths[j]`, `W` -> `round_units`, `c_j` -> `starts[j]`.
 //!
@@ -210,6 +216,61 @@ impl Stripe {
         self.for_each_piece(offset, len, |p| v.push(p));
         v
     }
+
+    /// Maps the nodes' block status back to the volume (invariant 5). `answers[j]` is node `j`'s
+    /// descriptors (length, flags) from the start of its range in [`Stripe::node_ranges`]`(offset, len)`,
+    /// consecutive, covering a prefix of it (empty: nothing known). Calls `push(len, flags)` with
+    /// consecutive volume ranges from `offset`, neighbours with equal flags merged, up to the first volume
+    /// byte its node's descriptors do not cover (or `offset + len`); stops once `push` returns false. The
+    /// work is one step per unit of the request and per descriptor.
+    pub fn volume_extents(
+        &self,
+        offset: u64,
+        len: u32,
+        answers: &[Vec<(u32, u32)>],
+        mut push: impl FnMut(u64, u32) -> bool,
+    ) {
+        // Per node: the next descriptor, the bytes of it used, and the node offset it is at.
+        let mut cursor: Vec<(usize, u64, u64)> =
+            (0..self.widths.len()).map(|j| (0, 0, self.node_prefix(j, offset))).collect();
+        let mut run: Option<(u64, u32)> = None;
+        let mut done = 0u64;
+        'pieces: while done < u64::from(len) {
+            let at = offset + done;
+            let (node, node_offset) = self.locate(at);
+            let piece = (self.unit - at % self.unit).min(u64::from(len) - done);
+            let (idx, used, pos) = &mut cursor[node];
+            // Invariant 4: a node's pieces follow one another in its range.
+            debug_assert_eq!(*pos, node_offset, "a node's pieces are contiguous");
+            let mut left = piece;
+            while left > 0 {
+                let Some(&(dlen, flags)) = answers.get(node).and_then(|a| a.get(*idx)) else { break 'pieces };
+                let take = (u64::from(dlen) - *used).min(left);
+                match &mut run {
+                    Some((l, f)) if *f == flags => *l += take,
+                    _ => {
+                        if let Some((l, f)) = run.take() {
+                            if !push(l, f) {
+                                return;
+                            }
+                        }
+                        run = Some((take, flags));
+                    }
+                }
+                *used += take;
+                *pos += take;
+                left -= take;
+                done += take;
+                if *used == u64::from(dlen) {
+                    *idx += 1;
+                    *used = 0;
+                }
+            }
+        }
+        if let Some((l, f)) = run {
+            push(l, f);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -357,6 +418,64 @@ mod tests {
                 .filter_map(|(j, m)| m.map(|(a, b)| (j, a, (b - a) as u32)))
                 .collect();
             prop_assert_eq!(s.node_ranges(offset, len), want);
+        }
+
+        /// Invariant 5 against a per-byte oracle: every node byte has flags; each node answers a prefix of
+        /// its range (its runs, some cut in two, the last ones left out); the volume extents describe each
+        /// byte with its node byte's flags (a hole only where the node said hole) and stop exactly at the
+        /// first byte no answer covers.
+        #[test]
+        fn volume_extents_match_the_node_bytes(
+            unit in 1u64..40,
+            widths in proptest::collection::vec(0u32..4, 1..4),
+            flags in proptest::collection::vec(0u32..4, 1..64),
+            run_len in 1usize..20,
+            req in (0u64..2_000, 1u32..1_500),
+            keep in proptest::collection::vec(0usize..50, 4),
+            split in any::<u64>(),
+        ) {
+            prop_assume!(widths.iter().any(|&w| w > 0));
+            let s = Stripe::new(unit, &widths).unwrap();
+            let size = 2_000u64;
+            let (offset, len) = (req.0 % size, req.1.min((size - req.0 % size) as u32));
+            // Node j's byte b has flags[(j * 7 + b / run_len) % flags.len()]: runs of run_len bytes.
+            let byte = |j: usize, b: u64| flags[(j * 7 + b as usize / run_len) % flags.len()];
+            let mut answers = vec![Vec::new(); widths.len()];
+            for (j, start, n) in s.node_ranges(offset, len) {
+                let mut d: Vec<(u32, u32)> = Vec::new();
+                for b in start..start + u64::from(n) {
+                    match d.last_mut() {
+                        Some((l, f)) if *f == byte(j, b) && (split >> (b % 64)) & 1 == 0 => *l += 1,
+                        _ => d.push((1, byte(j, b))),
+                    }
+                }
+                d.truncate(keep[j % keep.len()]);
+                answers[j] = d;
+            }
+            let mut got: Vec<(u64, u32)> = Vec::new();
+            s.volume_extents(offset, len, &answers, |l, f| {
+                got.push((l, f));
+                true
+            });
+            prop_assert!(got.iter().all(|&(l, _)| l > 0));
+            prop_assert!(got.windows(2).all(|w| w[0].1 != w[1].1), "neighbours merged");
+            // The oracle: the first volume byte whose node byte no answer covers.
+            let covered = |o: u64| {
+                let (j, nb) = s.locate(o);
+                let start = s.node_ranges(offset, len).iter().find(|r| r.0 == j).unwrap().1;
+                let sum: u64 = answers[j].iter().map(|&(l, _)| u64::from(l)).sum();
+                nb < start + sum
+            };
+            let want = (offset..offset + u64::from(len)).find(|&o| !covered(o)).unwrap_or(offset + u64::from(len));
+            let mut at = offset;
+            for (l, f) in got {
+                for o in at..at + l {
+                    let (j, nb) = s.locate(o);
+                    prop_assert_eq!(f, byte(j, nb), "volume byte {} (node {} byte {})", o, j, nb);
+                }
+                at += l;
+            }
+            prop_assert_eq!(at, want, "the answer stops at the first byte not covered");
         }
 
         /// The whole volume maps onto the node pieces with nothing left over beyond the last round's

@@ -45,7 +45,7 @@
 use crate::nbd::client::{ClientEvent, ClientReply, ClientTransmission};
 use crate::nbd::node::{
     decode_node_reply, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag, NodeTenant, NodeWelcome,
-    SpecSource, NODE_REPLY_TRAILER_LEN, NODE_TAG_LEN,
+    SpecSource, NODE_REPLY_TRAILER_LEN, NODE_TAG_LEN, NODE_VERSION_BLOCK_STATUS,
 };
 use crate::nbd::{
     self, ClientHandshake, ClientProgress, Command, Event, ExportInfo, ProtoError, Rejection, ReplyHeader, Request,
@@ -176,8 +176,12 @@ fn server_run(input: &[u8], sizes: Option<&[usize]>, setup: u8) -> ServerRun {
                 p => {
                     if let ServerProgress::Done(n) = &p {
                         assert!(
-                            !n.base_allocation || (n.structured && n.export == 0),
-                            "base:allocation negotiated without structured replies or on an export without it"
+                            !n.base_allocation
+                                || (n.export == 0
+                                    && (n.structured
+                                        || n.node.as_ref().is_some_and(|w| w.version >= NODE_VERSION_BLOCK_STATUS))),
+                            "base:allocation negotiated without structured replies or a v4 node session, or on an \
+                             export without it"
                         );
                     }
                     return (out, Ok(p));
@@ -334,8 +338,9 @@ pub fn transmission(data: &[u8]) {
         volatile: data[0] & 4 == 4,
         node: data[0] & 8 == 8,
         node_slots: (data[0] >> 4) as u32,
-        // `base:allocation` negotiated: bit 7 of the split seed, with structured replies on a plain session.
-        base_allocation: data[0] & 2 == 2 && data[0] & 8 == 0 && data[5] & 0x80 != 0,
+        // `base:allocation` negotiated: bit 7 of the split seed, with structured replies on a plain session,
+        // or implied on a node session (v4).
+        base_allocation: (data[0] & 2 == 2 || data[0] & 8 == 8) && data[5] & 0x80 != 0,
     };
     transmission_with(config, &data[6..], &chunk_sizes(data[5]));
     transmission_shutdown(config, &data[6..], &chunk_sizes(data[5]), (data[5] % 8) as usize);
@@ -521,10 +526,10 @@ fn check_reply(encoder: nbd::ReplyEncoder, outcome: &Outcome) {
 /// BLOCK_STATUS chunk with DONE and the context's id, descriptors each at least one byte, together at most
 /// the request's length, at most `MAX_EXTENTS` (one with REQ_ONE), neighbours with different flags.
 fn check_block_status(encoder: nbd::ReplyEncoder, request: &Request) {
-    assert!(encoder.structured() && !encoder.is_node(), "BLOCK_STATUS ran without structured replies");
+    assert!(encoder.structured() || encoder.is_node(), "BLOCK_STATUS ran without structured replies");
     let mut reply = Vec::new();
     encoder.success(request, &mut reply);
-    check_extents(&reply, request);
+    check_extents(&reply, request, encoder.is_node());
     let mut extents = nbd::Extents::new(request);
     let mut x = request.handle | 1;
     let mut pushes = 0;
@@ -539,11 +544,24 @@ fn check_block_status(encoder: nbd::ReplyEncoder, request: &Request) {
         }
     }
     let mut reply = Vec::new();
-    extents.encode(request.handle, &mut reply);
-    check_extents(&reply, request);
+    encoder.block_status(&extents, request.handle, &mut reply);
+    check_extents(&reply, request, encoder.is_node());
 }
 
-fn check_extents(reply: &[u8], request: &Request) {
+fn check_extents(reply: &[u8], request: &Request, node: bool) {
+    if node {
+        // Protocol v4: simple reply, trailer with no phase, then the payload, which decodes.
+        let (r, t, n) = decode_node_reply(reply).expect("a node reply").expect("a whole node reply");
+        assert_eq!((r.handle, r.error, t), (request.handle, 0, NodeReplyTrailer::default()));
+        let len = nbd::node_extents_len(&reply[n..]).expect("a valid count").expect("a whole count");
+        assert_eq!(reply.len(), n + len);
+        let descriptors = nbd::decode_node_extents(&reply[n..], request.length).expect("a valid payload");
+        if let RequestKind::BlockStatus { one: true } = request.kind {
+            assert_eq!(descriptors.len(), 1, "REQ_ONE: one descriptor");
+        }
+        assert!(descriptors.windows(2).all(|w| w[0].1 != w[1].1), "neighbours with the same flags");
+        return;
+    }
     let (header, n) = ReplyHeader::decode(reply).expect("a reply magic").expect("a whole header");
     let ReplyHeader::Chunk { flags, kind, handle, length } = header else { panic!("a simple BLOCK_STATUS reply") };
     assert_eq!((handle, kind, flags), (request.handle, nbd::REPLY_TYPE_BLOCK_STATUS, REPLY_FLAG_DONE));
@@ -604,6 +622,18 @@ pub fn node_hello(data: &[u8]) {
         let mut again = Vec::new();
         trailer.encode(&mut again);
         assert_eq!(again[..], data[..NODE_REPLY_TRAILER_LEN], "an accepted trailer re-encodes to its bytes");
+    }
+    // A v4 block-status payload: bounded from its count, and what decodes re-encodes to its bytes.
+    match nbd::node_extents_len(data) {
+        Ok(Some(n)) => assert!(n <= nbd::NODE_EXTENTS_MAX_LEN, "a payload longer than the bound"),
+        Ok(None) => assert!(data.len() < 4, "NeedMore with a whole count"),
+        Err(_) => {}
+    }
+    if let Ok(descriptors) = nbd::decode_node_extents(data, u32::MAX) {
+        assert!(!descriptors.is_empty() && descriptors.len() <= nbd::MAX_EXTENTS);
+        let mut again = Vec::new();
+        nbd::encode_node_extents(&descriptors, &mut again);
+        assert_eq!(again[..], data[..], "an accepted block-status payload re-encodes to its bytes");
     }
     match decode_node_reply(data) {
         Ok(Some((_, _, n))) => assert!(n <= data.len(), "a node reply longer than its input"),

@@ -70,7 +70,7 @@ fn disabled_node_option_is_an_unknown_option() {
 fn hello_and_welcome_layouts_are_byte_exact() {
     let h = NodeHello::new(vec![NodeTenant { split: NodeSplit::Rho, limit: None, ..tenant("c") }]);
     let bytes = hello_bytes(&h);
-    assert_eq!(&bytes[..8], &[0, 3, 0, 0, 0, 1, 0, 1], "version 3 (the layout is v2's)");
+    assert_eq!(&bytes[..8], &[0, 4, 0, 0, 0, 1, 0, 1], "version 4 (the layout is v2's)");
     assert_eq!(bytes[8], b'c');
     assert_eq!(&bytes[9..17], &250f64.to_be_bytes());
     assert_eq!(&bytes[17..25], &f64::INFINITY.to_be_bytes());
@@ -80,8 +80,8 @@ fn hello_and_welcome_layouts_are_byte_exact() {
     let w = harness::welcome_for(&h);
     let mut wb = Vec::new();
     w.encode(&mut wb);
-    assert_eq!(wb.len(), 6 + 40 + 8, "v2 and v3: the entry, then the boot identity");
-    assert_eq!(&wb[..2], &[0, 3]);
+    assert_eq!(wb.len(), 6 + 40 + 8, "v2 to v4: the entry, then the boot identity");
+    assert_eq!(&wb[..2], &[0, 4]);
     assert_eq!(&wb[6..14], &[0, 0, 0, 0, 1, 0, 0, 0], "slot 0, source 1 (gateway), reserved");
     assert_eq!(&wb[46..], &w.boot.expect("a v2 welcome states its boot").to_be_bytes());
     assert_eq!(NodeWelcome::decode(&wb).unwrap(), w);
@@ -132,6 +132,74 @@ fn accepted_hello_asks_the_caller_then_go_opens_a_node_session() {
     let config = TransmissionConfig::new(&exports()[0], &n, 4096);
     assert!(config.node);
     assert_eq!(config.node_slots, 2);
+}
+
+/// v4: a node session on an export that answers block status has `base:allocation` implied (no
+/// metadata-context option: the session has no structured replies), and a BLOCK_STATUS is answered with
+/// the simple reply, the trailer and the descriptors' payload; a v3 session (or an export without block
+/// status) has none, and a BLOCK_STATUS there is EINVAL, as before.
+#[test]
+fn a_v4_node_session_answers_block_status_and_a_v3_one_refuses_it() {
+    let go = {
+        let mut d = 1u32.to_be_bytes().to_vec();
+        d.extend_from_slice(b"v");
+        d.extend_from_slice(&0u16.to_be_bytes());
+        d
+    };
+    for (version, offered, answered) in [(4, true, true), (3, true, false), (4, false, false)] {
+        let h = NodeHello { version, ..NodeHello::new(vec![tenant("c1")]) };
+        let mut out = Vec::new();
+        let mut s = ServerHandshake::new(exports(), &mut out);
+        s.set_node(true);
+        s.set_block_status(vec![offered]);
+        let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        option_request(&mut input, OPT_REIN_NODE, &hello_bytes(&h));
+        let (_, p) = s.feed(&input, &mut out).unwrap();
+        assert!(matches!(p, ServerProgress::NodeHello(_)));
+        let w = harness::welcome_for(&h);
+        assert_eq!(w.version, version);
+        s.node_verdict(Ok(w), &mut out);
+        let mut input = Vec::new();
+        option_request(&mut input, OPT_GO, &go);
+        let (_, p) = s.feed(&input, &mut out).unwrap();
+        let ServerProgress::Done(n) = p else { panic!("{p:?}") };
+        assert_eq!(n.base_allocation, answered, "v{version}, offered {offered}");
+        let config = TransmissionConfig::new(&exports()[0], &n, 4096);
+        assert_eq!(config.base_allocation, answered);
+        let mut m = ServerTransmission::new(config);
+        let mut req = Vec::new();
+        let header = RequestHeader { flags: 0, command: Command::BlockStatus, handle: 9, offset: 4096, length: 8192 };
+        encode_node_request(&header, &NodeTag { slot: 0, share: 1, delta: 0, rho: 0, pool_busy: false }, &mut req);
+        let (used, event) = m.feed(&req).unwrap();
+        assert_eq!(used, req.len());
+        match event {
+            Event::Request { request, .. } => {
+                assert!(answered, "v{version}, offered {offered}: a BLOCK_STATUS ran");
+                let mut extents = Extents::new(&request);
+                extents.push(4096, STATE_HOLE | STATE_ZERO);
+                extents.push(1000, 0);
+                let mut reply = Vec::new();
+                m.replies().block_status(&extents, request.handle, &mut reply);
+                let (r, t, used) = decode_node_reply(&reply).unwrap().unwrap();
+                assert_eq!((r.handle, r.error, t), (9, 0, NodeReplyTrailer::default()));
+                assert_eq!(node_extents_len(&reply[used..]), Ok(Some(reply.len() - used)));
+                assert_eq!(decode_node_extents(&reply[used..], 8192), Ok(vec![(4096, 3), (1000, 0)]));
+                // The default reply (a backend that cannot tell): the whole range as data.
+                let mut reply = Vec::new();
+                m.replies().success(&request, &mut reply);
+                assert_eq!(decode_node_extents(&reply[used..], 8192), Ok(vec![(8192, 0)]));
+            }
+            Event::Reject(r) => {
+                assert!(!answered, "v{version}, offered {offered}: refused");
+                assert_eq!(r.reason, Reason::NoMetaContext);
+                let mut reply = Vec::new();
+                m.replies().rejection(&mut reply, &r);
+                let (r, _, used) = decode_node_reply(&reply).unwrap().unwrap();
+                assert_eq!((r.error, used), (EINVAL, reply.len()), "an error reply carries no payload");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -1150,7 +1150,8 @@ impl Connection<'_> {
             let mut extents = p::Extents::new(&request);
             let mut reply = Vec::new();
             match storage.allocation(&mut extents) {
-                Ok(()) => extents.encode(request.handle, &mut reply),
+                // A chunk, or on a storage-node session (v4) the simple reply, trailer and payload.
+                Ok(()) => encoder.block_status(&extents, request.handle, &mut reply),
                 Err(e) => {
                     if matches!(e, crate::storage::StorageError::Io { .. }) {
                         backend_failures().note(&export.info.name, request.kind.command(), &e);

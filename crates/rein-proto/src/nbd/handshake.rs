@@ -113,7 +113,9 @@
 //! that the client would take as coming over TLS). A refusal is an error, never a fall-back to plain NBD.
 
 use super::*;
-use crate::nbd::node::{NodeError, NodeHello, NodeWelcome, MAX_NODE_HELLOS, OPT_REIN_NODE, REP_REIN_NODE};
+use crate::nbd::node::{
+    NodeError, NodeHello, NodeWelcome, MAX_NODE_HELLOS, NODE_VERSION_BLOCK_STATUS, OPT_REIN_NODE, REP_REIN_NODE,
+};
 use crate::nbd::transmission::MAX_PAYLOAD_LIMIT;
 
 /// What a finished handshake agreed.
@@ -125,7 +127,8 @@ pub struct Negotiated {
     pub structured: bool,
     /// The storage-node session, if one was agreed (what the node answered).
     pub node: Option<NodeWelcome>,
-    /// Whether `base:allocation` was selected for this export: BLOCK_STATUS is then answered
+    /// Whether `base:allocation` was selected for this export (or is implied: a storage-node session of
+    /// version 4 or later on an export that answers it, [`super::node`]): BLOCK_STATUS is then answered
     /// ([`super::meta`]).
     pub base_allocation: bool,
 }
@@ -532,8 +535,11 @@ impl ServerHandshake {
             export: pending.export,
             structured: self.structured,
             node: self.node.clone(),
-            // Only for the export the contexts were selected for (module comment of `meta`).
-            base_allocation: self.structured && self.meta == Some(pending.export),
+            // Only for the export the contexts were selected for (module comment of `meta`), or, on a
+            // storage-node session of v4 or later, implied for an export that answers it (`node`).
+            base_allocation: (self.structured && self.meta == Some(pending.export))
+                || (self.block_status[pending.export]
+                    && self.node.as_ref().is_some_and(|w| w.version >= NODE_VERSION_BLOCK_STATUS)),
         })
     }
 

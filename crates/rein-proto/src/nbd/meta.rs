@@ -221,7 +221,7 @@ impl Extents {
     /// flags 0, which is always true.
     pub fn encode(&self, handle: u64, out: &mut Vec<u8>) {
         let whole = [(self.length, 0)];
-        let descriptors: &[(u32, u32)] = if self.descriptors.is_empty() { &whole } else { &self.descriptors };
+        let descriptors = self.wire(&whole);
         let len = 4 + 8 * descriptors.len() as u32;
         let mut h = [0u8; CHUNK_HEADER_LEN];
         write_chunk_header(&mut h, handle, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, len);
@@ -230,6 +230,27 @@ impl Extents {
         for (l, f) in descriptors {
             out.extend_from_slice(&l.to_be_bytes());
             out.extend_from_slice(&f.to_be_bytes());
+        }
+    }
+
+    /// Appends the reply on a storage-node session of version 4 or later ([`super::node`], "Versioning"):
+    /// the simple reply header, a trailer with no phase (not scheduled), then the descriptors as
+    /// [`super::encode_node_extents`] writes them; with none pushed, the whole range as data.
+    pub fn encode_node(&self, handle: u64, out: &mut Vec<u8>) {
+        let mut h = [0u8; SIMPLE_REPLY_LEN];
+        write_simple_reply(&mut h, handle, 0);
+        out.extend_from_slice(&h);
+        NodeReplyTrailer::default().encode(out);
+        let whole = [(self.length, 0)];
+        super::encode_node_extents(self.wire(&whole), out);
+    }
+
+    /// The descriptors a reply carries: those pushed, or `whole` if none was.
+    fn wire<'a>(&'a self, whole: &'a [(u32, u32)]) -> &'a [(u32, u32)] {
+        if self.descriptors.is_empty() {
+            whole
+        } else {
+            &self.descriptors
         }
     }
 }

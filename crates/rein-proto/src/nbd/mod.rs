@@ -48,9 +48,10 @@ pub use handshake::{
 };
 pub use meta::{Extents, BASE_ALLOCATION, BASE_ALLOCATION_ID, MAX_EXTENTS, STATE_HOLE, STATE_ZERO};
 pub use node::{
-    decode_node_reply, encode_node_request, NodeError, NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag,
-    NodeTenant, NodeWelcome, SimpleReply, SpecSource, TagFault, MAX_NODE_HELLOS, MAX_NODE_NAME_LEN, MAX_NODE_TENANTS,
-    NODE_REPLY_TRAILER_LEN, NODE_TAG_LEN, NODE_VERSION, OPT_REIN_NODE, REP_REIN_NODE,
+    decode_node_extents, decode_node_reply, encode_node_extents, encode_node_request, node_extents_len, NodeError,
+    NodeGranted, NodeHello, NodeReplyTrailer, NodeSplit, NodeTag, NodeTenant, NodeWelcome, SimpleReply, SpecSource,
+    TagFault, MAX_NODE_HELLOS, MAX_NODE_NAME_LEN, MAX_NODE_TENANTS, NODE_EXTENTS_MAX_LEN, NODE_REPLY_TRAILER_LEN,
+    NODE_TAG_LEN, NODE_VERSION, NODE_VERSION_BLOCK_STATUS, OPT_REIN_NODE, REP_REIN_NODE,
 };
 pub use transmission::{
     Event, Reason, Rejection, ReplyEncoder, Request, RequestKind, ServerTransmission, TransmissionConfig,

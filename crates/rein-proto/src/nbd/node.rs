@@ -41,6 +41,15 @@
 //!   pool_return`). A gateway sets it only on a session whose welcome is v3 or later (a v2 node refuses
 //!   the bit as a share above 65,536); a node reads it in any session (a v2 gateway never sets it). The
 //!   hello and welcome are v2's.
+//! - v4 adds block status ([`NODE_VERSION_BLOCK_STATUS`]): in a session whose welcome is v4 or later a
+//!   node answers NBD_CMD_BLOCK_STATUS for `base:allocation` (implied: a node session negotiates no
+//!   metadata context, since it has no structured replies) with the simple reply header and the trailer
+//!   (phase 0: not scheduled), and, when the error is 0, a u32 byte count followed by that many bytes of
+//!   descriptors (length u32, flags u32, as `base:allocation`'s: [`STATE_HOLE`], [`STATE_ZERO`]), 1..=
+//!   [`MAX_EXTENTS`] of them, each at least one byte, together covering a prefix of the requested range
+//!   ([`encode_node_extents`], [`node_extents_len`], [`decode_node_extents`]). A gateway sends it only on
+//!   such a session (a v3 node answers it EINVAL, as it answers any BLOCK_STATUS without a context); the
+//!   reader must know the request was a BLOCK_STATUS to read the payload. The hello and welcome are v3's.
 //!
 //! # Symbol map
 //! | paper | here |
@@ -64,7 +73,11 @@ pub const OPT_REIN_NODE: u32 = 0x5245_494E;
 /// The success reply to [`OPT_REIN_NODE`] (bit 31 clear: not an error).
 pub const REP_REIN_NODE: u32 = 0x5245_494E;
 /// The highest protocol version this code speaks.
-pub const NODE_VERSION: u16 = 3;
+pub const NODE_VERSION: u16 = 4;
+/// The first version whose sessions answer NBD_CMD_BLOCK_STATUS (module comment, "Versioning").
+pub const NODE_VERSION_BLOCK_STATUS: u16 = 4;
+/// Bytes of a block-status payload at most: the count, then [`MAX_EXTENTS`] descriptors.
+pub const NODE_EXTENTS_MAX_LEN: usize = 4 + 8 * MAX_EXTENTS;
 /// The first version whose tags may carry [`NodeTag::pool_busy`].
 pub const NODE_VERSION_POOL_FLAG: u16 = 3;
 /// The pool flag's bit in the tag's share word.
@@ -197,6 +210,28 @@ pub enum NodeError {
     /// A request tag the session refuses.
     #[error("{0}")]
     Tag(TagFault),
+    /// A block-status payload whose byte count is not a multiple of 8 in 8..=8 x [`MAX_EXTENTS`].
+    #[error("block status payload of {0} bytes (a multiple of 8 from 8 to {max})", max = 8 * MAX_EXTENTS)]
+    ExtentsLen(u32),
+    /// A block-status descriptor of length 0.
+    #[error("block status descriptor {0} has length 0")]
+    ExtentEmpty(usize),
+    /// A block-status descriptor with flags other than hole and zero.
+    #[error("block status descriptor {index} has flags {flags:#x} (only 1, hole, and 2, zero, are defined)")]
+    ExtentFlags {
+        /// Position of the descriptor.
+        index: usize,
+        /// The flags sent.
+        flags: u32,
+    },
+    /// Block-status descriptors that describe more than the request's range.
+    #[error("block status descriptors cover {covered} bytes, more than the {length} asked")]
+    ExtentsBeyond {
+        /// Bytes the descriptors add up to.
+        covered: u64,
+        /// The request's length.
+        length: u32,
+    },
 }
 
 /// Why a request's tag is refused (the request is answered EINVAL; the stream goes on).
@@ -772,9 +807,98 @@ pub fn decode_node_reply(buf: &[u8]) -> Result<Option<(SimpleReply, NodeReplyTra
     Ok(Some((reply, trailer, len)))
 }
 
+/// Appends a block-status payload (module comment, "Versioning"): the byte count, then `descriptors`
+/// (length, flags), at most [`MAX_EXTENTS`] of them (more are left out).
+pub fn encode_node_extents(descriptors: &[(u32, u32)], out: &mut Vec<u8>) {
+    let descriptors = &descriptors[..descriptors.len().min(MAX_EXTENTS)];
+    out.extend_from_slice(&(8 * descriptors.len() as u32).to_be_bytes());
+    for (len, flags) in descriptors {
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+    }
+}
+
+/// The bytes of the block-status payload at the start of `buf` (what follows a successful BLOCK_STATUS
+/// reply's trailer on a v4 session): `None` until its count is there; the count is judged before its
+/// bytes are awaited, so a node cannot make the gateway wait for or buffer more than
+/// [`NODE_EXTENTS_MAX_LEN`] bytes.
+pub fn node_extents_len(buf: &[u8]) -> Result<Option<usize>, NodeError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let count = u32_at(buf, 0);
+    if count == 0 || !count.is_multiple_of(8) || count as usize > 8 * MAX_EXTENTS {
+        return Err(NodeError::ExtentsLen(count));
+    }
+    Ok(Some(4 + count as usize))
+}
+
+/// Decodes a whole block-status payload (count, descriptors, nothing after) for a request of `length`
+/// bytes: 1..=[`MAX_EXTENTS`] descriptors, each at least one byte, only the hole and zero flags, together
+/// at most `length` bytes.
+pub fn decode_node_extents(payload: &[u8], length: u32) -> Result<Vec<(u32, u32)>, NodeError> {
+    let Some(n) = node_extents_len(payload)? else {
+        return Err(NodeError::Short { message: "block status payload", field: "the byte count" });
+    };
+    if payload.len() < n {
+        return Err(NodeError::Short { message: "block status payload", field: "a descriptor" });
+    }
+    if payload.len() > n {
+        return Err(NodeError::Trailing { message: "block status payload", bytes: payload.len() - n });
+    }
+    let mut out = Vec::with_capacity((n - 4) / 8);
+    let mut covered = 0u64;
+    for (index, d) in payload[4..n].chunks_exact(8).enumerate() {
+        let (len, flags) = (u32_at(d, 0), u32_at(d, 4));
+        if len == 0 {
+            return Err(NodeError::ExtentEmpty(index));
+        }
+        if flags & !(STATE_HOLE | STATE_ZERO) != 0 {
+            return Err(NodeError::ExtentFlags { index, flags });
+        }
+        covered += u64::from(len);
+        if covered > u64::from(length) {
+            return Err(NodeError::ExtentsBeyond { covered, length });
+        }
+        out.push((len, flags));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// v4's block-status payload: byte-exact, round-trips, and every malformed one is named.
+    #[test]
+    fn block_status_payload_round_trips_and_is_bounded() {
+        let mut out = Vec::new();
+        encode_node_extents(&[(4096, STATE_HOLE | STATE_ZERO), (512, 0)], &mut out);
+        assert_eq!(out, [0, 0, 0, 16, 0, 0, 16, 0, 0, 0, 0, 3, 0, 0, 2, 0, 0, 0, 0, 0]);
+        assert_eq!(node_extents_len(&out[..3]), Ok(None));
+        assert_eq!(node_extents_len(&out), Ok(Some(20)));
+        assert_eq!(decode_node_extents(&out, 4608), Ok(vec![(4096, 3), (512, 0)]));
+        assert_eq!(decode_node_extents(&out, 4607), Err(NodeError::ExtentsBeyond { covered: 4608, length: 4607 }));
+        assert!(matches!(decode_node_extents(&out[..19], 5000), Err(NodeError::Short { .. })));
+        let mut long = out.clone();
+        long.push(0);
+        assert!(matches!(decode_node_extents(&long, 5000), Err(NodeError::Trailing { bytes: 1, .. })));
+        for bad in [0u32, 12, 8 * MAX_EXTENTS as u32 + 8, u32::MAX] {
+            assert_eq!(node_extents_len(&bad.to_be_bytes()), Err(NodeError::ExtentsLen(bad)), "count {bad}");
+        }
+        let mut zero = Vec::new();
+        encode_node_extents(&[(0, 0)], &mut zero);
+        assert_eq!(decode_node_extents(&zero, 10), Err(NodeError::ExtentEmpty(0)));
+        let mut flags = Vec::new();
+        encode_node_extents(&[(1, 0), (1, 4)], &mut flags);
+        assert_eq!(decode_node_extents(&flags, 10), Err(NodeError::ExtentFlags { index: 1, flags: 4 }));
+        // The most an encoder writes is the most a decoder takes.
+        let many = vec![(1u32, 0u32); MAX_EXTENTS + 5];
+        let mut most = Vec::new();
+        encode_node_extents(&many, &mut most);
+        assert_eq!(most.len(), NODE_EXTENTS_MAX_LEN);
+        assert_eq!(decode_node_extents(&most, u32::MAX).map(|d| d.len()), Ok(MAX_EXTENTS));
+    }
 
     fn tenant(name: &str) -> NodeTenant {
         NodeTenant {
@@ -792,7 +916,7 @@ mod tests {
     fn hello_is_byte_exact() {
         let mut out = Vec::new();
         NodeHello::new(vec![NodeTenant { limit: None, ..tenant("ab") }]).encode(&mut out);
-        let mut want = vec![0, 3, 0, 0, 0, 1, 0, 2, b'a', b'b'];
+        let mut want = vec![0, 4, 0, 0, 0, 1, 0, 2, b'a', b'b'];
         for v in [100.0f64, f64::INFINITY, 2.0, 10.0] {
             want.extend_from_slice(&v.to_bits().to_be_bytes());
         }

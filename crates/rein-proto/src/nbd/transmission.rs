@@ -136,7 +136,9 @@ impl TransmissionConfig {
             volatile: export.volatile,
             node: negotiated.node.is_some(),
             node_slots: negotiated.node.as_ref().map_or(0, |w| w.tenants.len() as u32),
-            base_allocation: negotiated.base_allocation && negotiated.structured,
+            // With structured replies, or implied on a storage-node session of v4 or later (the handshake
+            // says which, `Negotiated::base_allocation`).
+            base_allocation: negotiated.base_allocation && (negotiated.structured || negotiated.node.is_some()),
         }
     }
 
@@ -588,10 +590,25 @@ impl ReplyEncoder {
         self.success_node(request, NodeReplyTrailer::default(), reply)
     }
 
+    /// Appends a BLOCK_STATUS's successful reply carrying `extents` for request `handle`: one
+    /// BLOCK_STATUS chunk ([`super::Extents::encode`]), or on a storage-node session the simple reply,
+    /// trailer and payload of protocol v4 ([`super::Extents::encode_node`]).
+    pub fn block_status(self, extents: &super::Extents, handle: u64, reply: &mut Vec<u8>) {
+        if self.node {
+            extents.encode_node(handle, reply)
+        } else {
+            extents.encode(handle, reply)
+        }
+    }
+
     /// [`ReplyEncoder::success`] with the trailer a node session's reply carries (ignored on other
     /// sessions): the phase and cost of the request's dispatch.
     pub fn success_node(self, request: &Request, trailer: NodeReplyTrailer, reply: &mut Vec<u8>) {
         let handle = request.handle;
+        if self.node && matches!(request.kind, RequestKind::BlockStatus { .. }) {
+            // Only in a v4 session (the context is implied there): the whole range as data.
+            return super::Extents::new(request).encode_node(handle, reply);
+        }
         if self.node {
             let mut h = [0u8; SIMPLE_REPLY_LEN];
             write_simple_reply(&mut h, handle, 0);
