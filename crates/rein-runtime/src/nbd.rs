@@ -64,9 +64,11 @@
 //! export's tenant's. Without a gate the option is an unknown one (UNSUP).
 //!
 //! # Block status (NBD_CMD_BLOCK_STATUS, `base:allocation`)
-//! The handshake offers the `base:allocation` metadata context on local exports ([`Backend::Local`]:
-//! files, block devices, RAM, with or without a device model) and on no gateway volume (it would have to
-//! ask every node of the stripe; SET_META_CONTEXT selects nothing there, and BLOCK_STATUS is then EINVAL).
+//! The handshake offers the `base:allocation` metadata context on every export: local ones
+//! ([`Backend::Local`]: files, block devices, RAM, with or without a device model) answer from their
+//! storage, a gateway volume ([`Backend::Remote`], [`Backend::Hosted`] without the host's window) from
+//! its nodes' answers ([`RemoteVolume::block_status`]: one query per node of a bounded span, a node that
+//! cannot answer reported as data).
 //! A BLOCK_STATUS does not pass the per-tenant scheduler: it reads no data and moves no bytes to or from
 //! the device, so charging it as IO would bill a tenant (and, with a device model, the modelled device)
 //! for work it does not do, and queueing it behind the tenant's reads would only slow a copy that uses it
@@ -473,7 +475,8 @@ pub async fn serve_client(
     hs.set_default_export(policy.default_export.as_ref().and_then(|d| exports.iter().position(|e| e.info.name == *d)));
     hs.set_visible(Policy::visible(&exports, peer.ip(), None));
     // `base:allocation` on local exports only (module comment, "Block status").
-    hs.set_block_status(exports.iter().map(|e| matches!(e.backend, Backend::Local(_))).collect());
+    // Every export: local storage answers from its own allocation, a gateway volume from its nodes'.
+    hs.set_block_status(vec![true; exports.len()]);
     hs.set_confirm_open(policy.cap_tenants);
     hs.set_node(policy.node.is_some());
     let (deadline, _slot) = match entry {
@@ -1129,19 +1132,17 @@ impl Connection<'_> {
         }
     }
 
-    /// Answers a BLOCK_STATUS from the export's storage on the blocking pool (module comment, "Block
-    /// status"). A backend that cannot tell (or a gateway volume, which the handshake never offers the
-    /// context for) is answered with the whole range as data.
+    /// Answers a BLOCK_STATUS from the export's storage on the blocking pool, or a gateway volume's from
+    /// its nodes ([`RemoteVolume::block_status`]; module comment, "Block status").
     fn block_status(&self, request: Request, held: Held, lookup: OwnedSemaphorePermit) {
         let encoder = self.machine.replies();
         let replies = self.replies.clone();
-        let Backend::Local(storage) = &self.export.backend else {
-            let mut reply = Vec::new();
-            encoder.success(&request, &mut reply);
-            let _ = replies.send((reply, held));
-            return;
+        let storage = match &self.export.backend {
+            Backend::Local(storage) => Arc::clone(storage),
+            Backend::Remote(v) => return volume_status(Arc::clone(v), request, encoder, held, lookup, replies),
+            // Not through the host's window: it moves no data.
+            Backend::Hosted(h) => return volume_status(Arc::clone(&h.volume), request, encoder, held, lookup, replies),
         };
-        let storage = Arc::clone(storage);
         let export = Arc::clone(&self.export);
         // The connection's lookups running with this one (at most BLOCK_STATUS_AT_ONCE; tests read it).
         let lookups = BLOCK_STATUS_AT_ONCE - self.lookups.available_permits();
@@ -1173,6 +1174,26 @@ impl Connection<'_> {
         self.machine.replies().rejection(&mut reply, rejection);
         let _ = self.replies.send((reply, held));
     }
+}
+
+/// Answers a BLOCK_STATUS on a gateway volume from its nodes ([`RemoteVolume::block_status`]) on a task of
+/// its own, holding the request's slot, charge and lookup permit until the reply is handed to the writer.
+fn volume_status(
+    volume: Arc<RemoteVolume>,
+    request: Request,
+    encoder: ReplyEncoder,
+    held: Held,
+    lookup: OwnedSemaphorePermit,
+    replies: mpsc::UnboundedSender<Reply>,
+) {
+    tokio::spawn(async move {
+        let mut extents = p::Extents::new(&request);
+        volume.block_status(&mut extents).await;
+        let mut reply = Vec::new();
+        encoder.block_status(&extents, request.handle, &mut reply);
+        let _ = replies.send((reply, held));
+        drop(lookup);
+    });
 }
 
 /// What [`Input::fill_charged`] got.

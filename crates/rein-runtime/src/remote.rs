@@ -134,6 +134,23 @@
 //! writes: those sessions renew (`SessionEnd::Recheck`; a plain NBD node's EPERM is unlearnt so once it
 //! writes again). A check that fails changes nothing (logged at debug).
 //!
+//! # Block status
+//! A front BLOCK_STATUS (`base:allocation`, [`RemoteVolume::block_status`]) is cut to a span of at most
+//! [`STATUS_SPAN_UNITS`] units from its offset; each node with a byte in it is asked once, for its one
+//! contiguous node range (the stripe's invariant 4), with an NBD_CMD_BLOCK_STATUS on a connection whose
+//! session speaks the storage-node protocol at version 4 or later (docs/node-protocol.md); the nodes'
+//! descriptors are mapped back to volume ranges, split at unit boundaries and merged where neighbours
+//! have equal flags ([`Stripe::volume_extents`]), and the answer is the prefix from the offset that
+//! every node's answer covers (at least one descriptor: each node answers at least one byte of its
+//! range), within [`p::MAX_EXTENTS`] descriptors (one with REQ_ONE). A node that cannot answer (a plain
+//! NBD session, a node below v4, a node down, an error, a malformed answer) has its part reported as
+//! data (flags 0), which is always true: a hole is reported only where a node reported one, and a copy
+//! reads what it cannot skip (and meets the node's error there, if any). The query is not tagged
+//! through the tenant's tracker (it moves no data, and a node does not schedule it: its trailer has no
+//! phase). Its answer buffer is at most [`NODE_EXTENTS_MAX_LEN`] bytes per node, judged from the
+//! payload's count before its bytes are awaited; the front bounds how many run at once per connection
+//! (`crate::nbd::BLOCK_STATUS_AT_ONCE`). The queries count among the node's pieces.
+//!
 //! # Metrics
 //! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
 //! [`VolumeStats`], and each node of it the pieces sent, the pieces failed (node errors, timeouts, lost
@@ -201,7 +218,8 @@ use crate::tls::{LiveTlsClient, NbdStream};
 use rein_core::{Cost, Nanos, ServiceTracker};
 use rein_model::stripe::{Piece, Stripe};
 use rein_proto::nbd::node::{
-    decode_node_reply, NodeHello, NodeTag, NodeTenant, NODE_TAG_LEN, NODE_VERSION, NODE_VERSION_POOL_FLAG,
+    decode_node_extents, decode_node_reply, node_extents_len, NodeHello, NodeTag, NodeTenant, NODE_EXTENTS_MAX_LEN,
+    NODE_TAG_LEN, NODE_VERSION, NODE_VERSION_BLOCK_STATUS, NODE_VERSION_POOL_FLAG,
 };
 use rein_proto::nbd::{self as p, BlockSize, ClientHandshake, ClientProgress, Command, ReplyHeader, RequestHeader};
 use rein_proto::ErrorKind;
@@ -691,6 +709,11 @@ impl NodeLink {
         self.conns.iter().any(|c| c.state.fua.load(Ordering::Relaxed))
     }
 
+    /// The node answers block status: a connection of it is up in a storage-node session of v4 or later.
+    fn answers_status(&self) -> bool {
+        self.conns.iter().any(|c| c.state.up.load(Ordering::Relaxed) && c.state.block_status.load(Ordering::Relaxed))
+    }
+
     /// The node takes `command` (TRIM or WRITE_ZEROES), as any of its connections that has been up says.
     fn takes(&self, command: Command) -> bool {
         self.conns.iter().any(|c| match command {
@@ -815,6 +838,9 @@ struct LinkState {
     up: AtomicBool,
     /// The session speaks the storage-node protocol (its pieces are tagged); plain NBD otherwise.
     storage_node: AtomicBool,
+    /// The session answers NBD_CMD_BLOCK_STATUS: the storage-node protocol at version 4 or later (module
+    /// comment, "Block status").
+    block_status: AtomicBool,
     /// The node refuses writes on this connection (module comment, "Read-only node exports"): its last
     /// handshake said NBD_FLAG_READ_ONLY, or its session since answered a write with EPERM. Kept after
     /// the session ends, until the next handshake says otherwise; false on a connection never up. Set
@@ -1128,6 +1154,52 @@ impl RemoteVolume {
         }
     }
 
+    /// Describes the volume from `extents`' next offset (module comment, "Block status"): a span of at most
+    /// [`STATUS_SPAN_UNITS`] units, each node of it asked once for its contiguous part, the answers mapped
+    /// back ([`Stripe::volume_extents`]) and pushed into `extents` up to the first byte a node's answer
+    /// does not cover. A node that cannot answer (plain NBD, below v4, down, an error, a malformed answer)
+    /// has its part described as data (flags 0). Not scheduled: no tag's tracker is charged.
+    pub async fn block_status(&self, extents: &mut p::Extents) {
+        let offset = extents.next_offset();
+        let unit = self.stripe.unit();
+        let cap = (offset / unit + STATUS_SPAN_UNITS) * unit - offset;
+        let span = extents.remaining().min(cap) as u32;
+        let ranges = self.stripe.node_ranges(offset, span);
+        let mut answers: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.stripe.nodes()];
+        let mut asked = Vec::with_capacity(ranges.len());
+        for &(node, node_offset, len) in &ranges {
+            let data = vec![(len, 0)];
+            let Some(link) = self.links[node].as_ref().filter(|l| l.answers_status()) else {
+                answers[node] = data;
+                continue;
+            };
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let done: Done = Box::new(move |result, _| _ = tx.send(result));
+            let gather = Gather::new(vec![0; NODE_EXTENTS_MAX_LEN], done, None);
+            gather.expect(1);
+            let msg = header(Command::BlockStatus, node_offset, len, false);
+            let c = link.next.fetch_add(1, Ordering::Relaxed) % link.conns.len();
+            link.conns[c].send_as(msg, 0, true, Sink::new(&gather, 0, None)).await;
+            gather.release();
+            asked.push((node, len, rx));
+        }
+        for (node, len, rx) in asked {
+            let answer = match rx.await {
+                Ok(Ok(buf)) => node_extents_len(&buf)
+                    .and_then(|n| decode_node_extents(&buf[..n.unwrap_or(0)], len))
+                    .map_err(|e| e.to_string()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("the query was dropped".to_string()),
+            };
+            answers[node] = answer.unwrap_or_else(|why| {
+                let node = self.links[node].as_ref().map_or("?", |l| l.target.node.name.as_str());
+                tracing::debug!(node, volume = %self.name, %why, "block status: the node's part is reported as data");
+                vec![(len, 0)]
+            });
+        }
+        self.stripe.volume_extents(offset, span, &answers, |len, flags| extents.push(len, flags));
+    }
+
     /// Whether the volume refuses writes: its own `read_only` ([`RemoteVolume::set_read_only`]), or a node
     /// export of it that refuses them, as its connections last learnt (module comment, "Read-only node
     /// exports"). The volume is then advertised read-only to new front connections.
@@ -1296,9 +1368,14 @@ impl RemoteVolume {
 impl LinkHandle {
     /// Queues one piece on this connection once it has a slot ([`MAX_PENDING_PER_CONN`]).
     async fn send(&self, msg: Vec<u8>, read_len: u32, sink: Sink) {
+        self.send_as(msg, read_len, false, sink).await
+    }
+
+    /// [`LinkHandle::send`], for a BLOCK_STATUS if `status` (its reply carries the v4 payload).
+    async fn send_as(&self, msg: Vec<u8>, read_len: u32, status: bool, sink: Sink) {
         let permit = self.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
         // A task that has ended (runtime shutdown) drops the work: the sink fails it (invariant 1).
-        let _ = self.tx.send(Work { msg, read_len, sink, _permit: permit });
+        let _ = self.tx.send(Work { msg, read_len, status, sink, _permit: permit });
     }
 }
 
@@ -1383,6 +1460,11 @@ const MSG_HEAD: usize = p::REQUEST_LEN + NODE_TAG_LEN;
 /// node's largest payload, if smaller; 1 MiB keeps each buffer small).
 const ZERO_WRITE_MAX: u32 = 1 << 20;
 
+/// Stripe units one BLOCK_STATUS of a volume describes at most (module comment, "Block status"): the
+/// mapping's work is one step per unit and per node descriptor; each node is asked once, for its
+/// contiguous part (at most this many units, 256 MiB of 64 KiB units).
+pub const STATUS_SPAN_UNITS: u64 = 4096;
+
 /// How many such WRITEs a volume has in flight at most: their buffers (16 MiB) are outside the front's
 /// byte budget, which charges a WRITE_ZEROES nothing, so a 4 GiB zeroing waits for its pieces in turn
 /// instead of allocating 4 GiB of zeroes at once.
@@ -1397,6 +1479,8 @@ struct Work {
     msg: Vec<u8>,
     /// Bytes of data the reply brings (a READ's length; 0 otherwise).
     read_len: u32,
+    /// A BLOCK_STATUS: its successful reply carries the v4 payload ([`node_extents_len`]).
+    status: bool,
     sink: Sink,
     _permit: OwnedSemaphorePermit,
 }
@@ -1657,6 +1741,8 @@ impl Session {
     /// not FUA.
     fn publish(&self, state: &LinkState, node: &str, volume: &str) {
         state.storage_node.store(self.slot.is_some(), Ordering::Relaxed);
+        let status = self.slot.is_some() && self.version >= NODE_VERSION_BLOCK_STATUS;
+        state.block_status.store(status, Ordering::Relaxed);
         let read_only = self.flags & p::TFLAG_READ_ONLY != 0;
         match (state.set_read_only(read_only), read_only) {
             (false, true) => tracing::info!(node, volume, "the node's export is read-only (NBD_FLAG_READ_ONLY at its handshake): the volume is advertised read-only to new connections"),
@@ -2237,6 +2323,7 @@ async fn run_link(
                             // What the old place's sessions taught (the storage-node protocol spoken there)
                             // is the new place's to say.
                             state.storage_node.store(false, Ordering::Relaxed);
+                            state.block_status.store(false, Ordering::Relaxed);
                             let place = target.node.place();
                             let tls = if place.tls.is_some() { "TLS" } else { "plain" };
                             format!("at its new place {} (protocol {}, {tls})", place.address, place.protocol.name())
@@ -2362,6 +2449,8 @@ enum SessionEnd {
 struct Pending {
     sink: Sink,
     read_len: u32,
+    /// A BLOCK_STATUS ([`Work::status`]).
+    status: bool,
     /// It changes the node's bytes (WRITE, TRIM, WRITE_ZEROES): an EPERM for it says the export is
     /// read-only now.
     write: bool,
@@ -2380,8 +2469,6 @@ async fn run_session(
 ) -> SessionEnd {
     // The registration lives as long as the session (a reload may cut it meanwhile).
     let Session { stream, input, block, slot, boot, version, registration: _registration, place, .. } = session;
-    // The pool flag goes only to a node that reads it (a v2 node refuses the bit).
-    let pool_flag = version >= NODE_VERSION_POOL_FLAG;
     let node = target.index;
     let qos = match (slot, &target.qos) {
         (Some(slot), Some((_, tracker))) => Some((slot, tracker.as_ref())),
@@ -2401,13 +2488,13 @@ async fn run_session(
     match stream {
         NbdStream::Plain(sock) => {
             let (rd, wr) = sock.into_split();
-            run_session_on(target, &place, block, state, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, block, state, rd, wr, input, qos, version, rx).await
         }
         NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
             // A batch's small messages into full TLS records (the module `wire`), as the server's side.
             let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
-            run_session_on(target, &place, block, state, rd, wr, input, qos, pool_flag, rx).await
+            run_session_on(target, &place, block, state, rd, wr, input, qos, version, rx).await
         }
     }
 }
@@ -2423,9 +2510,13 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut wr: W,
     input: Vec<u8>,
     qos: Option<(u32, &Mutex<ServiceTracker>)>,
-    pool_flag: bool,
+    version: u16,
     rx: &mut mpsc::UnboundedReceiver<Work>,
 ) -> SessionEnd {
+    // The pool flag goes only to a node that reads it (a v2 node refuses the bit); BLOCK_STATUS only to one
+    // that answers it (v4; module comment, "Block status").
+    let pool_flag = version >= NODE_VERSION_POOL_FLAG;
+    let answers_status = qos.is_some() && version >= NODE_VERSION_BLOCK_STATUS;
     let node = target.index;
     let pending: Mutex<HashMap<u64, Pending>> = Mutex::new(HashMap::new());
     // Notified when the node answers NBD_ESHUTDOWN: the writer stops.
@@ -2485,6 +2576,15 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     work = rx.try_recv().ok();
                     continue;
                 }
+                if w.status && !answers_status {
+                    // A session renewed meanwhile in plain NBD or an older version: not sent (a plain
+                    // server would answer it with structured replies, which were not negotiated). Not a
+                    // node error: the volume answers that part as data.
+                    let why = "the node session does not answer block status (it needs protocol v4)";
+                    w.sink.fail(node_error(name, ErrorKind::InvalidRequest, why.into()));
+                    work = rx.try_recv().ok();
+                    continue;
+                }
                 let write = matches!(header.command, Command::Write | Command::Trim | Command::WriteZeroes);
                 let mut msg = w.msg;
                 let handle = next.load(Ordering::Relaxed);
@@ -2503,10 +2603,10 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     msg[p::REQUEST_LEN..MSG_HEAD].copy_from_slice(&tag);
                 }
                 let sent = Instant::now();
-                pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(handle, Pending { sink: w.sink, read_len: w.read_len, write, sent, _permit: w._permit });
+                pending.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                    handle,
+                    Pending { sink: w.sink, read_len: w.read_len, status: w.status, write, sent, _permit: w._permit },
+                );
                 next.store(handle + 1, Ordering::Relaxed);
                 target.stats.pieces.fetch_add(1, Ordering::Relaxed);
                 batch.push(msg);
@@ -2550,6 +2650,15 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 let len = {
                     let g = pending.lock().unwrap_or_else(|e| e.into_inner());
                     match g.get(&handle) {
+                        // A BLOCK_STATUS's payload: its count judged before its bytes are awaited (bounded).
+                        Some(p) if error == 0 && p.status => match node_extents_len(&avail[n..]) {
+                            Ok(Some(len)) => len,
+                            Ok(None) => {
+                                buf.reserve(n + 4);
+                                break;
+                            }
+                            Err(e) => return SessionEnd::Failed(format!("reply: {e}")),
+                        },
                         Some(p) if error == 0 => p.read_len as usize,
                         Some(_) => 0,
                         None => {

@@ -1,8 +1,8 @@
 //! NBD block status (`base:allocation`, NBD_CMD_BLOCK_STATUS) against real clients: a sparse file export's
 //! map as nbdinfo and qemu-img see it (the extents expected from what the test wrote, rounded to the file
 //! system's block), nbdcopy reading only the data, a memory export's unwritten pages as holes,
-//! BLOCK_STATUS without a context refused with EINVAL on a connection that goes on, and a gateway that
-//! offers no context.
+//! BLOCK_STATUS without a context refused with EINVAL on a connection that goes on, and a gateway
+//! volume's map from its nodes' (storage-node protocol v4; a plain NBD node's part as data).
 mod common;
 
 use common::{local, metrics, nbdsh, run_ok, series_value, serve_in, tmpdir, tool, Rein, Server};
@@ -162,31 +162,148 @@ fn block_status_without_a_context_is_einval_and_the_connection_goes_on() {
     assert_eq!(lines.next(), Some("[('base:allocation', 0, [1048576, 0, 1048576, 3])]"), "{out}");
 }
 
-/// A gateway offers no metadata context (it would have to ask every node of a stripe): libnbd asks for
-/// `base:allocation` and gets none, and nbdinfo's map cannot be made; its node (a `rein serve`) offers it.
+/// Storage nodes for the gateway tests: `rein serve` on 127.0.0.`host` (`[node]` on, the gateway's
+/// specs) with sparse file exports `v` and `w` of 32 MiB each, made by the test.
+fn block_node(dir: &Path, host: u8) -> Server {
+    let dir = dir.join(format!("node{host}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut body = String::from("capacity_iops = 100000\nscheduler = \"dmclock\"\n");
+    for name in ["v", "w"] {
+        let image = dir.join(format!("{name}.img"));
+        std::fs::File::create(&image).unwrap().set_len(32 * MIB).unwrap();
+        body.push_str(&format!("[[exports]]\nname = \"{name}\"\npath = \"{}\"\n", image.display()));
+    }
+    body.push_str("[node]\nenabled = true\nspecs = \"gateway\"\n");
+    serve_in(&dir, &local(host), &body)
+}
+
+/// The file system's block in `dir` (the nodes' files allocate in it).
+fn fs_block(dir: &Path) -> u64 {
+    let probe = dir.join("block-probe");
+    std::fs::write(&probe, b"x").unwrap();
+    let block = std::fs::metadata(&probe).unwrap().blksize();
+    std::fs::remove_file(&probe).unwrap();
+    block
+}
+
+/// `runs` (offset, length) rounded out to `block`, joined where they touch, with holes (flags 3) between
+/// and data (0) on them, covering `size`; `data(offset)` says whether a hole there is data anyway (a node
+/// that cannot answer), each 64 KiB unit at a time.
+fn map_of(runs: &[(u64, u64)], block: u64, size: u64, data: impl Fn(u64) -> bool) -> Vec<(u64, u64, u32)> {
+    let unit = 64 * 1024;
+    let mut bytes = vec![3u32; (size / block) as usize];
+    for &(offset, len) in runs {
+        for b in offset / block..(offset + len).div_ceil(block) {
+            bytes[b as usize] = 0;
+        }
+    }
+    for (b, f) in bytes.iter_mut().enumerate() {
+        if data(b as u64 * block / unit * unit) {
+            *f = 0;
+        }
+    }
+    let mut map: Vec<(u64, u64, u32)> = Vec::new();
+    for (b, f) in bytes.into_iter().enumerate() {
+        match map.last_mut() {
+            Some(last) if last.2 == f => last.1 += block,
+            _ => map.push((b as u64 * block, block, f)),
+        }
+    }
+    map
+}
+
+/// Writes `runs` through the gateway's `uri` (bytes 0x61 onwards), one pwrite each.
+fn write_runs(uri: &str, runs: &[(u64, u64)]) {
+    let mut script = format!("h.connect_uri('{uri}')\n");
+    for (i, (offset, len)) in runs.iter().enumerate() {
+        script.push_str(&format!("h.pwrite(b'{}' * {len}, {offset})\n", (b'a' + i as u8) as char));
+    }
+    script.push_str("h.flush()\nprint('written')\n");
+    assert_eq!(run_ok(nbdsh().args(["-c", &script])).trim(), "written");
+}
+
+/// The bytes the gateway's tenant `c` moved at the nodes (reads and writes), summed over them.
+fn node_bytes(nodes: &[&Server]) -> u64 {
+    nodes.iter().map(|n| series_value(&metrics(n.admin), "rein_tenant_bytes_total{tenant=\"c\"}") as u64).sum()
+}
+
+/// A gateway volume over three `rein serve` nodes (storage-node protocol v4, widths 1, 2, 1 of 64 KiB
+/// units): it offers `base:allocation`, and `nbdinfo --map` lists exactly the runs written through it (at
+/// the nodes' file-system block), across units of different nodes; `nbdcopy` of it reads about the data
+/// only (the nodes' bytes for the gateway's tenant) and the copy is equal and sparse. Before this change
+/// the gateway offered no context: `nbdinfo --map` failed and a copy read all 64 MiB.
 #[test]
-fn the_gateway_offers_no_context() {
+fn a_gateway_volume_maps_and_copies_as_its_nodes_extents() {
     let tmp = tmpdir("block-status-gateway");
     let dir = tmp.path();
-    let (node, _) = sparse_server(dir, 101);
-    let text = format!(
-        "{}\nrequest_timeout_s = 2\nconnect_timeout_s = 2\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n\
-         protocol = \"nbd\"\n[[exports]]\nname = \"sparse\"\nsize_mb = 64\nstripe_kb = 64\n",
-        local(102),
-        node.nbd
+    let nodes = [block_node(dir, 107), block_node(dir, 108), block_node(dir, 109)];
+    let mut text = format!("{}\nrequest_timeout_s = 5\nconnect_timeout_s = 5\n", local(110));
+    for (i, n) in nodes.iter().enumerate() {
+        text.push_str(&format!("[[nodes]]\nname = \"s{}\"\naddress = \"{}\"\nprotocol = \"rein\"\n", i + 1, n.nbd));
+    }
+    text.push_str(
+        "[[tenants]]\nname = \"c\"\n[[exports]]\nname = \"v\"\ntenant = \"c\"\nsize_mb = 64\nstripe_kb = 64\n\
+         widths = { s1 = 1, s2 = 2, s3 = 1 }\n",
     );
     let gw = Rein::gateway(&common::write_file(dir, "gw.toml", &text)).start();
-    let can = |addr| {
-        let script = format!(
-            "h.add_meta_context('base:allocation')\nh.connect_uri('nbd://{addr}/sparse')\n\
-             print(h.can_meta_context('base:allocation'))\n"
-        );
-        run_ok(nbdsh().args(["-c", &script])).trim().to_string()
-    };
-    assert_eq!(can(node.nbd), "True", "the node offers it");
-    assert_eq!(can(gw.nbd), "False", "the gateway offers none");
-    let out = tool("nbdinfo").args(["--map", &format!("nbd://{}/sparse", gw.nbd)]).output().unwrap();
-    assert!(!out.status.success(), "nbdinfo --map through the gateway: {out:?}");
+    for n in &nodes {
+        n.wait_line("storage-node session granted");
+    }
+    let uri = format!("nbd://{}/v", gw.nbd);
+    // Units of 64 KiB, a round of 256 KiB: s1 unit 0, s2 units 1-2, s3 unit 3. Runs over s1 and s2
+    // (unit 0 into unit 1), a whole unit of s3, part of an s2 unit at an odd place, the volume's end (s3).
+    let runs =
+        [(0, 100 * 1024), (MIB + 192 * 1024, 64 * 1024), (10 * MIB + 8 * 1024 + 512, 5120), (64 * MIB - 4096, 4096)];
+    write_runs(&uri, &runs);
+    let block = fs_block(dir);
+    let want = map_of(&runs, block, 64 * MIB, |_| false);
+    assert_eq!(want.len(), 7, "four data runs, holes between: {want:?}");
+    assert_eq!(nbdinfo_map(&uri), want, "nbdinfo --map through the gateway");
+
+    // nbdcopy to a sparse file: the nodes read about the data, not the volume's 64 MiB.
+    let data: u64 = want.iter().filter(|e| e.2 == 0).map(|e| e.1).sum();
+    let before = node_bytes(&nodes.iter().collect::<Vec<_>>());
+    let copy = dir.join("copy.img");
+    std::fs::File::create(&copy).unwrap().set_len(64 * MIB).unwrap();
+    run_ok(tool("nbdcopy").args([&uri, copy.to_str().unwrap()]));
+    let read = node_bytes(&nodes.iter().collect::<Vec<_>>()) - before;
+    assert!(read <= data + MIB, "nbdcopy read {read} bytes at the nodes for {data} bytes of data of 64 MiB");
+    let copied = std::fs::read(&copy).unwrap();
+    for (i, &(offset, len)) in runs.iter().enumerate() {
+        let range = offset as usize..(offset + len) as usize;
+        assert!(copied[range].iter().all(|&b| b == b'a' + i as u8), "run {i} copied");
+    }
+    assert_eq!(copied.iter().filter(|&&b| b != 0).count() as u64, runs.iter().map(|r| r.1).sum::<u64>());
+    let allocated = std::fs::metadata(&copy).unwrap().blocks() * 512;
+    assert!(allocated <= data + MIB, "the copy allocated {allocated} bytes for {data} bytes of data");
+}
+
+/// A volume over a storage node (v4) and a plain NBD session (`protocol = "nbd"`, the same kind of
+/// node spoken to without the option): the plain node's units are reported as data (it is not asked),
+/// the storage node's as it answers (holes where nothing was written).
+#[test]
+fn a_plain_nbd_nodes_units_are_reported_as_data() {
+    let tmp = tmpdir("block-status-gateway-mixed");
+    let dir = tmp.path();
+    let nodes = [block_node(dir, 107), block_node(dir, 108)];
+    let text = format!(
+        "{}\nrequest_timeout_s = 5\nconnect_timeout_s = 5\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n\
+         protocol = \"rein\"\n[[nodes]]\nname = \"s2\"\naddress = \"{}\"\nprotocol = \"nbd\"\n[[tenants]]\n\
+         name = \"c\"\n[[exports]]\nname = \"w\"\ntenant = \"c\"\nsize_mb = 32\nstripe_kb = 64\n",
+        local(111),
+        nodes[0].nbd,
+        nodes[1].nbd
+    );
+    let gw = Rein::gateway(&common::write_file(dir, "gw.toml", &text)).start();
+    nodes[0].wait_line("storage-node session granted");
+    let uri = format!("nbd://{}/w", gw.nbd);
+    let runs = [(4 * MIB + 4096, 4096)];
+    write_runs(&uri, &runs);
+    let block = fs_block(dir);
+    // Widths 1 and 1: s2 (plain) holds the odd units.
+    let want = map_of(&runs, block, 32 * MIB, |unit_start| (unit_start / (64 * 1024)) % 2 == 1);
+    assert_eq!(want.len(), 512 + 2, "s1's units holes but where written, s2's data: {:?}", &want[..4]);
+    assert_eq!(nbdinfo_map(&uri), want, "nbdinfo --map through the gateway");
 }
 
 /// 64 BLOCK_STATUS requests at once on one connection, each over 1,024 extents (4 KiB of data, 4 KiB of
