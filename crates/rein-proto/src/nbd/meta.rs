@@ -14,7 +14,10 @@
 //! - The caller says which exports can answer `base:allocation`
 //!   ([`super::ServerHandshake::set_block_status`]): for the others both options answer with no context
 //!   (only NBD_REP_ACK), which the spec allows ("It is not an error if a `NBD_OPT_SET_META_CONTEXT` option
-//!   does not select any metadata context"). `rein gateway` offers it on no export.
+//!   does not select any metadata context"). `rein serve` and `rein gateway` offer it on every export.
+//! - On a storage-node session of version 4 or later (no structured replies, so no option can select it)
+//!   `base:allocation` is implied on the exports that answer it, and the reply takes the node protocol's
+//!   form ([`Extents::encode_node`]; [`super::node`], "Versioning").
 //! - The selection belongs to the export named in the last SET (the spec: "the final time it was sent,
 //!   it referred to the same export name that was ultimately selected for transmission phase with no
 //!   intervening `NBD_OPT_STARTTLS`"): a later SET replaces it (also one that fails), STARTTLS forgets it,
