@@ -3326,6 +3326,133 @@ mod tests {
     }
 
     /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
+    /// A fake v4 storage node on 127.0.0.107 for block status: its i-th BLOCK_STATUS (from 0) is answered
+    /// with `answer(i, request)`'s bytes (every other request: the default reply).
+    async fn status_node(answer: fn(usize, &rein_proto::nbd::Request) -> Vec<u8>) -> SocketAddr {
+        use rein_proto::nbd::{RequestKind, ServerTransmission, TransmissionConfig};
+        let listener = tokio::net::TcpListener::bind("127.0.0.107:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut asked = 0;
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else { return };
+                let info = crate::testkit::export_v();
+                let welcome = |h: &NodeHello| rein_proto::harness::welcome_for(h);
+                let Some((n, mut buf)) = crate::testkit::serve_handshake(&mut s, &info, Some(&welcome)).await else {
+                    continue;
+                };
+                // The node answers block status (the handshake's default export flags do not say so).
+                let config =
+                    TransmissionConfig { base_allocation: true, ..TransmissionConfig::new(&info, &n, 1 << 20) };
+                let mut machine = ServerTransmission::new(config);
+                while let Some(request) = crate::testkit::next_request(&mut s, &mut machine, &mut buf).await {
+                    let reply = if let RequestKind::BlockStatus { .. } = request.kind {
+                        asked += 1;
+                        answer(asked - 1, &request)
+                    } else {
+                        let mut r = vec![0; machine.replies().headroom(&request) + request.length as usize];
+                        machine.replies().success(&request, &mut r);
+                        r
+                    };
+                    if s.write_all(&reply).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        addr
+    }
+
+    /// A volume's block status over two v4 nodes of 4 KiB units (widths 1 and 1, 64 KiB): each node is
+    /// asked once per request for its contiguous range; the answers map back unit by unit; a node's
+    /// answer that covers part of its range cuts the volume's answer at its first byte left out; a node
+    /// that answers an error, or a malformed payload (which ends its session), has its units reported as
+    /// data, never as holes.
+    #[tokio::test]
+    async fn a_volumes_block_status_maps_its_nodes_answers() {
+        use rein_proto::nbd::{Extents, Request, RequestKind, STATE_HOLE, STATE_ZERO};
+        const HOLE: u32 = STATE_HOLE | STATE_ZERO;
+        fn reply(request: &Request, descriptors: &[(u64, u32)]) -> Vec<u8> {
+            let mut e = Extents::new(request);
+            for &(len, flags) in descriptors {
+                e.push(len, flags);
+            }
+            let mut out = Vec::new();
+            rein_proto::nbd::ReplyEncoder::node().block_status(&e, request.handle, &mut out);
+            out
+        }
+        // Node a: 8 KiB of hole, then data, every time.
+        let a = status_node(|_, r| {
+            assert_eq!((r.offset, r.length), (0, 32 << 10), "node a asked once for its whole range");
+            reply(r, &[(8 << 10, HOLE), (24 << 10, 0)])
+        })
+        .await;
+        // Node b: all hole; then only its first 8 KiB; then EINVAL; then a count that is no multiple of 8.
+        let b = status_node(|i, r| match i {
+            0 => reply(r, &[(32 << 10, HOLE)]),
+            1 => reply(r, &[(8 << 10, HOLE)]),
+            2 => {
+                let mut out = Vec::new();
+                rein_proto::nbd::simple_reply(&mut out, r.handle, rein_proto::nbd::EINVAL);
+                out.extend_from_slice(&[0; 16]);
+                out
+            }
+            _ => {
+                let mut out = Vec::new();
+                rein_proto::nbd::simple_reply(&mut out, r.handle, 0);
+                out.extend_from_slice(&[0; 16]);
+                out.extend_from_slice(&12u32.to_be_bytes());
+                out.extend_from_slice(&[0; 12]);
+                out
+            }
+        })
+        .await;
+        let nodes: Vec<NodeSpec> =
+            [("a", a), ("b", b)].into_iter().map(|(name, a)| node_spec(name, a, NodeProtocol::Rein)).collect();
+        let tenant = NodeTenant {
+            name: "t".into(),
+            reservation: 0.0,
+            limit: None,
+            weight: 1.0,
+            local_reservation: 0.0,
+            idle_credit: 0,
+            split: rein_proto::nbd::node::NodeSplit::Spread,
+        };
+        let tracker = Arc::new(Mutex::new(ServiceTracker::new(2)));
+        let qos = VolumeQos { tenants: vec![tenant.clone(), tenant], tracker };
+        let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(10)) };
+        let stripe = Stripe::new(4096, &[1, 1]).unwrap();
+        let exports = vec!["v".to_string(), "v".to_string()];
+        let volume = RemoteVolume::open("v", 64 << 10, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap();
+        let status = || async {
+            let request = Request {
+                handle: 1,
+                kind: RequestKind::BlockStatus { one: false },
+                offset: 0,
+                length: 64 << 10,
+                fua: false,
+                no_hole: false,
+                tag: None,
+            };
+            let mut e = Extents::new(&request);
+            volume.block_status(&mut e).await;
+            e.descriptors().to_vec()
+        };
+        let k = 4096u32;
+        // Units 0-3 hole (a's first 8 KiB, b's), then a's units data and b's hole, one by one.
+        let mut want = vec![(4 * k, HOLE)];
+        for _ in 0..6 {
+            want.extend([(k, 0), (k, HOLE)]);
+        }
+        assert_eq!(status().await, want, "both nodes answer their whole range");
+        // b answered its first 8 KiB: its third unit (volume unit 5, from 20 KiB) is not described.
+        assert_eq!(status().await, [(4 * k, HOLE), (k, 0)], "cut where b's answer ends");
+        // b's EINVAL, then its malformed payload: its units are data.
+        let want_b = [(k, HOLE), (k, 0), (k, HOLE), (13 * k, 0)];
+        assert_eq!(status().await, want_b, "b's error: its units as data");
+        assert_eq!(status().await, want_b, "b's malformed payload: its units as data");
+    }
+
     fn node_spec(name: &str, addr: SocketAddr, protocol: NodeProtocol) -> NodeSpec {
         NodeSpec::new(name, NodeAddress::Tcp(addr), protocol, None)
     }
