@@ -481,3 +481,41 @@ fn refused_hellos_do_not_flood_the_nodes_log() {
     });
     assert!(line.contains("may not use the storage-node protocol"));
 }
+
+/// Protocol v4 against a real node: a BLOCK_STATUS on a v4 session is answered with the simple reply, a
+/// trailer with no phase (not scheduled) and the descriptors of the memory export (1 MiB pages never
+/// written are holes); on a v3 session (a v3 gateway's hello) it is EINVAL, as before v4, and the session
+/// goes on.
+#[test]
+fn block_status_is_answered_on_a_v4_session_and_einval_on_a_v3_one() {
+    use rein_proto::nbd::{decode_node_extents, node_extents_len, NODE_VERSION_BLOCK_STATUS};
+    let tmp = tmpdir("node-block-status");
+    let s = start(tmp.path(), 111, &node_config("node", ""));
+    let mut c = open(s.nbd, NodeHello::new(vec![tenant("a", 0.0, 1.0)]));
+    assert_eq!(c.welcome.as_ref().map(|w| w.version), Some(NODE_VERSION_BLOCK_STATUS));
+    send(&mut c.stream, Command::Write, 1, 1 << 20, 4096, tag(0), &[7; 4096]);
+    assert_eq!(recv(&mut c, 0).0.error, 0);
+    send(&mut c.stream, Command::BlockStatus, 2, 0, 4 << 20, tag(0), &[]);
+    let (reply, trailer, _) = recv(&mut c, 0);
+    assert_eq!((reply.handle, reply.error, trailer), (2, 0, NodeReplyTrailer::default()));
+    let payload = loop {
+        if let Ok(Some(n)) = node_extents_len(&c.buf) {
+            if c.buf.len() >= n {
+                break c.buf.drain(..n).collect::<Vec<u8>>();
+            }
+        }
+        let mut chunk = [0u8; 65536];
+        let k = c.stream.read(&mut chunk).unwrap();
+        assert!(k > 0, "the node closed the connection");
+        c.buf.extend_from_slice(&chunk[..k]);
+    };
+    assert_eq!(decode_node_extents(&payload, 4 << 20), Ok(vec![(1 << 20, 3), (1 << 20, 0), (2 << 20, 3)]));
+    // A v3 session: no block status.
+    let mut c = open(s.nbd, NodeHello { version: 3, ..NodeHello::new(vec![tenant("a", 0.0, 1.0)]) });
+    assert_eq!(c.welcome.as_ref().map(|w| w.version), Some(3));
+    send(&mut c.stream, Command::BlockStatus, 3, 0, 4 << 20, tag(0), &[]);
+    assert_eq!(recv(&mut c, 0).0.error, EINVAL);
+    send(&mut c.stream, Command::Read, 4, 1 << 20, 4096, tag(0), &[]);
+    let (reply, _, data) = recv(&mut c, 4096);
+    assert_eq!((reply.handle, reply.error, data), (4, 0, vec![7; 4096]), "the session goes on");
+}
