@@ -171,6 +171,11 @@
 //! - Pieces in flight per node connection: [`MAX_PENDING_PER_CONN`] (a permit per piece; a front
 //!   connection whose piece waits for one stops reading, as for the byte budget).
 //! - Connections per node and volume: `connections_per_node`, at most [`MAX_CONNECTIONS_PER_NODE`].
+//! - A front BLOCK_STATUS ("Block status"): one query per node of its span, each answer buffered in at
+//!   most [`NODE_EXTENTS_MAX_LEN`] bytes (8 KiB; at most the volume's nodes, 256, so 2 MiB, outside the
+//!   byte budget, which charges the front's reply only), at most `crate::nbd::BLOCK_STATUS_AT_ONCE` of
+//!   them at once per front connection; the mapping takes one step per unit of the span (at most
+//!   [`STATUS_SPAN_UNITS`]) and per node descriptor.
 //! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
 //! - Checks of the node exports' flags ("Read-only node exports"): one task per node with an export
 //!   registered, one side connection at a time, each round trip within `connect_timeout` (a connection
