@@ -3330,7 +3330,6 @@ mod tests {
         assert!(tags.lock().unwrap().len() <= MAX_PENDING_PER_CONN, "never more than the bound on the wire");
     }
 
-    /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
     /// A fake v4 storage node on 127.0.0.107 for block status: its i-th BLOCK_STATUS (from 0) is answered
     /// with `answer(i, request)`'s bytes (every other request: the default reply).
     async fn status_node(answer: fn(usize, &rein_proto::nbd::Request) -> Vec<u8>) -> SocketAddr {
@@ -3458,6 +3457,7 @@ mod tests {
         assert_eq!(status().await, want_b, "b's malformed payload: its units as data");
     }
 
+    /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
     fn node_spec(name: &str, addr: SocketAddr, protocol: NodeProtocol) -> NodeSpec {
         NodeSpec::new(name, NodeAddress::Tcp(addr), protocol, None)
     }
