@@ -2657,7 +2657,7 @@ pub async fn run_with(
             idle_timeout: cfg.idle_timeout,
             stall_timeout: cfg.stall_timeout,
             handshake_timeout: crate::nbd::HANDSHAKE_TIMEOUT,
-            close: watch::channel(false).0,
+            ..Limits::default()
         },
     });
     let shown: Shown = Arc::new(std::sync::RwLock::new(live.shown()));

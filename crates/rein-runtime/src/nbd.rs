@@ -80,7 +80,10 @@
 //! paces them, a connection runs at most [`BLOCK_STATUS_AT_ONCE`] lookups at once and reads no further
 //! request while another waits (up to 2,048 `lseek`s each: without the cap one connection's 256 in
 //! flight could take 256 of the blocking pool's threads, which other exports' IO without io_uring
-//! share). Copying clients ask one at a time per connection (nbdcopy, qemu-img).
+//! share), and the server at most [`BLOCK_STATUS_SERVER_AT_ONCE`] over all its connections ([`Limits::
+//! lookups`]: a lookup past it waits on a task of its own, holding its request's slot and charge and its
+//! connection's lookup; with only the connection's cap, 100 connections could take 200 threads). Copying
+//! clients ask one at a time per connection (nbdcopy, qemu-img).
 //!
 //! # Transports
 //! The code is generic over the stream. A plain connection (TCP or a Unix socket, [`crate::sock`]) splits
@@ -155,6 +158,9 @@ pub const BLOCK_STATUS_CHARGE: usize = p::meta::block_status_reply_len(p::MAX_EX
 /// BLOCK_STATUS lookups a connection runs at once (module comment, "Block status"); the connection reads
 /// no further request while another waits for one.
 pub const BLOCK_STATUS_AT_ONCE: usize = 2;
+/// BLOCK_STATUS lookups on local storage the whole server runs at once, over all its connections (module
+/// comment, "Block status"): the threads of tokio's blocking pool they take at most.
+pub const BLOCK_STATUS_SERVER_AT_ONCE: usize = 8;
 /// Bytes asked of the socket per read at most, beyond what the state machine wants (read-ahead).
 const READ_AHEAD: usize = 64 * 1024;
 /// A consumed prefix at least this long is reclaimed (the rest moved to the front) before the next read.
@@ -255,6 +261,8 @@ pub struct Limits {
     /// Set to true at the shutdown deadline: connections stop waiting for the budget or for their replies
     /// to be written (after [`CLOSE_GRACE`]) and close.
     pub close: watch::Sender<bool>,
+    /// The server's BLOCK_STATUS lookups on local storage running ([`BLOCK_STATUS_SERVER_AT_ONCE`]).
+    pub lookups: Arc<Semaphore>,
 }
 
 impl Default for Limits {
@@ -266,6 +274,7 @@ impl Default for Limits {
             stall_timeout: None,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             close: watch::channel(false).0,
+            lookups: Arc::new(Semaphore::new(BLOCK_STATUS_SERVER_AT_ONCE)),
         }
     }
 }
@@ -617,6 +626,7 @@ where
         replies,
         permits: permits.clone(),
         lookups: Arc::new(Semaphore::new(BLOCK_STATUS_AT_ONCE)),
+        server_lookups: Arc::clone(&ctx.limits.lookups),
         budget: ctx.limits.budget.tenant(export.tenant),
         slot_budgets: node_tenants.iter().map(|&t| ctx.limits.budget.tenant(t)).collect(),
         idle: ctx.limits.idle_timeout.map(|after| Idle {
@@ -829,6 +839,8 @@ struct Connection<'a> {
     permits: Arc<Semaphore>,
     /// BLOCK_STATUS lookups running ([`BLOCK_STATUS_AT_ONCE`]).
     lookups: Arc<Semaphore>,
+    /// The server's ([`Limits::lookups`]).
+    server_lookups: Arc<Semaphore>,
     budget: TenantBudget,
     /// On a storage-node session, each slot's tenant's budget (same order as `node_tenants`).
     slot_budgets: Vec<TenantBudget>,
@@ -1146,8 +1158,15 @@ impl Connection<'_> {
         let export = Arc::clone(&self.export);
         // The connection's lookups running with this one (at most BLOCK_STATUS_AT_ONCE; tests read it).
         let lookups = BLOCK_STATUS_AT_ONCE - self.lookups.available_permits();
-        tracing::debug!(handle = request.handle, lookups, "block status lookup");
-        tokio::task::spawn_blocking(move || {
+        let server = Arc::clone(&self.server_lookups);
+        // The server's cap is waited for here, not in the reader: a connection's own two bound what it
+        // holds meanwhile (module comment, "Block status").
+        tokio::spawn(async move {
+            let Ok(on_server) = server.clone().acquire_owned().await else { return };
+            // The server's lookups running with this one (at most BLOCK_STATUS_SERVER_AT_ONCE; tests read it).
+            let server_lookups = BLOCK_STATUS_SERVER_AT_ONCE - server.available_permits();
+            tracing::debug!(handle = request.handle, lookups, server_lookups, "block status lookup");
+            let _ = tokio::task::spawn_blocking(move || {
             let mut extents = p::Extents::new(&request);
             let mut reply = Vec::new();
             match storage.allocation(&mut extents) {
@@ -1163,8 +1182,11 @@ impl Connection<'_> {
             }
             let _ = replies.send((reply, held));
             // Given back last, when the thread is about to be idle again: the next lookup then mostly
-            // finds it rather than starting another (the pool keeps a few threads for the cap's two).
+            // finds it rather than starting another (the pool keeps a few threads for the caps).
             drop(lookup);
+            drop(on_server);
+        })
+            .await;
         });
     }
 

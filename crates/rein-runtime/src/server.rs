@@ -443,7 +443,7 @@ pub async fn run_with(
             idle_timeout: cfg.idle_timeout,
             stall_timeout: cfg.stall_timeout,
             handshake_timeout: crate::nbd::HANDSHAKE_TIMEOUT,
-            close: watch::channel(false).0,
+            ..Limits::default()
         },
     });
     let nbd = crate::sock::NbdListeners::open(cfg.listen, cfg.listen_unix.as_ref(), passed_nbd).await?;

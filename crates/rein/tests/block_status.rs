@@ -2,7 +2,8 @@
 //! map as nbdinfo and qemu-img see it (the extents expected from what the test wrote, rounded to the file
 //! system's block), nbdcopy reading only the data, a memory export's unwritten pages as holes,
 //! BLOCK_STATUS without a context refused with EINVAL on a connection that goes on, and a gateway
-//! volume's map from its nodes' (storage-node protocol v4; a plain NBD node's part as data).
+//! volume's map from its nodes' (storage-node protocol v4; a plain NBD node's part as data), and floods
+//! of it held to the caps on lookups a connection and the server run at once.
 mod common;
 
 use common::{local, metrics, nbdsh, run_ok, series_value, serve_in, tmpdir, tool, Rein, Server};
@@ -316,25 +317,7 @@ fn a_plain_nbd_nodes_units_are_reported_as_data() {
 #[test]
 fn a_flood_of_block_status_on_one_connection_runs_two_lookups_at_once() {
     let tmp = tmpdir("block-status-flood");
-    let dir = tmp.path();
-    let image = dir.join("striped.img");
-    let f = std::fs::File::create(&image).unwrap();
-    f.set_len(16 * MIB).unwrap();
-    for i in 0..512u64 {
-        f.write_all_at(&[0x5a; 4096], i * 8192).unwrap();
-    }
-    f.sync_all().unwrap();
-    drop(f);
-    let body = format!(
-        "capacity_iops = 100000\n[[exports]]\nname = \"striped\"\npath = \"{}\"\ntenant = \"t\"\n\
-         [[tenants]]\nname = \"t\"\n",
-        image.display()
-    );
-    std::fs::create_dir_all(dir.join("serve")).unwrap();
-    let config = common::config_at(&dir.join("serve"), &local(100), &body);
-    // Its debug log (a line per lookup), read to the end once it is stopped.
-    let (child, nbd, mut log) = Rein::serve(&config).start_keeping_stderr();
-    let mut server = common::KillOnDrop(child);
+    let (mut server, nbd, mut log) = striped_server(tmp.path());
     let uri = format!("nbd://{nbd}/striped");
     let script = format!(
         "h.add_meta_context('base:allocation')\n\
@@ -352,18 +335,82 @@ fn a_flood_of_block_status_on_one_connection_runs_two_lookups_at_once() {
     // 64 answers of 1,024 extents each (the cap), data then hole from offset 0; then a READ.
     assert_eq!(lines.next(), Some("64 1024 1024 [4096, 0, 4096, 3]"), "{rest}");
     assert_eq!(lines.next(), Some("4096"), "{rest}");
+    let text = stop_and_read(&mut server, &mut log);
+    let running = lookup_counts(&text, "lookups=");
+    assert_eq!(running.len(), 64, "a debug line per lookup of the flood:\n{text}");
+    assert!(running.iter().all(|&n| (1..=2).contains(&n)), "lookups running at a lookup's start: {running:?}");
+}
+
+/// 16 connections flooding BLOCK_STATUS at once (8 requests each, each over 1,024 extents): every one
+/// is answered in full, and no lookup started with more than the server's `BLOCK_STATUS_SERVER_AT_ONCE`
+/// (8) of all its connections' running (the server's debug line for each lookup says how many), where
+/// the connections' own caps allow about 32 (two each; a lookup gives its permits back as its thread
+/// ends, so the next may start just before). With the server's cap at 256 they went up to 32, 50 and 32
+/// in three runs, each a thread of the blocking pool.
+#[test]
+fn a_flood_of_block_status_on_many_connections_runs_eight_lookups_at_once() {
+    let tmp = tmpdir("block-status-flood-many");
+    let (mut server, nbd, mut log) = striped_server(tmp.path());
+    let uri = format!("nbd://{nbd}/striped");
+    let script = format!(
+        "hs = []\n\
+         for _ in range(16):\n    g = nbd.NBD()\n    g.add_meta_context('base:allocation')\n    \
+         g.connect_uri('{uri}')\n    hs.append(g)\n\
+         seen = []\n\
+         cookies = [(g, g.aio_block_status(4 * 1048576, 0, lambda ctx, off, ents, err: seen.append(len(ents)) or 0)) \
+                    for _ in range(8) for g in hs]\n\
+         while any(g.aio_in_flight() > 0 for g in hs):\n    \
+         for g in hs:\n        if g.aio_in_flight() > 0:\n            g.poll(0)\n\
+         assert all(g.aio_command_completed(c) for g, c in cookies)\n\
+         print(len(seen), min(seen) // 2, max(seen) // 2)\n"
+    );
+    let rest = run_ok(nbdsh().args(["-c", &script]));
+    assert_eq!(rest.lines().next(), Some("128 1024 1024"), "{rest}");
+    let text = stop_and_read(&mut server, &mut log);
+    let running = lookup_counts(&text, "server_lookups=");
+    assert_eq!(running.len(), 128, "a debug line per lookup of the flood:\n{text}");
+    assert!(running.iter().all(|&n| (1..=8).contains(&n)), "server's lookups running at a lookup's start: {running:?}");
+}
+
+/// A `rein serve` on 127.0.0.100 with the file export `striped` (16 MiB: 4 KiB of data, 4 KiB of hole,
+/// 512 times) whose debug log is kept: the server, its NBD address and its stderr.
+fn striped_server(dir: &Path) -> (common::KillOnDrop, String, std::io::BufReader<std::process::ChildStderr>) {
+    let image = dir.join("striped.img");
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(16 * MIB).unwrap();
+    for i in 0..512u64 {
+        f.write_all_at(&[0x5a; 4096], i * 8192).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    let body = format!(
+        "capacity_iops = 100000\n[[exports]]\nname = \"striped\"\npath = \"{}\"\ntenant = \"t\"\n\
+         [[tenants]]\nname = \"t\"\n",
+        image.display()
+    );
+    std::fs::create_dir_all(dir.join("serve")).unwrap();
+    let config = common::config_at(&dir.join("serve"), &local(100), &body);
+    // Its debug log (a line per lookup), read to the end once it is stopped.
+    let (child, nbd, log) = Rein::serve(&config).start_keeping_stderr();
+    (common::KillOnDrop(child), nbd.to_string(), log)
+}
+
+/// Stops the server and reads its log to the end.
+fn stop_and_read(server: &mut common::KillOnDrop, log: &mut std::io::BufReader<std::process::ChildStderr>) -> String {
     let _ = server.0.kill();
     let _ = server.0.wait();
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut log, &mut text).unwrap();
-    let running: Vec<u32> = text
-        .lines()
+    std::io::Read::read_to_string(log, &mut text).unwrap();
+    text
+}
+
+/// The number after `key` on each "block status lookup" line of `text`.
+fn lookup_counts(text: &str, key: &str) -> Vec<u32> {
+    text.lines()
         .filter(|l| l.contains("block status lookup"))
         .map(|l| {
-            let at = l.find("lookups=").unwrap_or_else(|| panic!("no lookups= in {l}")) + "lookups=".len();
+            let at = l.find(key).unwrap_or_else(|| panic!("no {key} in {l}")) + key.len();
             l[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
         })
-        .collect();
-    assert_eq!(running.len(), 64, "a debug line per lookup of the flood:\n{text}");
-    assert!(running.iter().all(|&n| (1..=2).contains(&n)), "lookups running at a lookup's start: {running:?}");
+        .collect()
 }
