@@ -2057,6 +2057,9 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     // (`None` here) open together once every one has passed the layout check.
     let mut volumes: Vec<Option<LiveVolume>> = Vec::new();
     let mut to_open = Vec::new();
+    // Kept volumes whose size_mb the file raises, their layout otherwise the same: (index in `volumes`,
+    // the file's volume). They run at their old size until their node exports are found large enough.
+    let mut grows: Vec<Growth> = Vec::new();
     // Whether the layouts are recorded: a restart that would lay a volume out anew is then refused.
     let recorded = live.base.layout_file.is_some();
     for v in &new.exports {
@@ -2067,11 +2070,11 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                 let same_exports = (0..nodes.len())
                     .filter(|&j| v.stripe.uses(j))
                     .all(|j| old.cfg.node_exports.get(j) == v.node_exports.get(j));
-                if old.cfg.size != v.size
-                    || !old.cfg.stripe.same_layout(&v.stripe)
-                    || !same_exports
-                    || &old.tenant != tname
-                {
+                let same_layout = old.cfg.stripe.same_layout(&v.stripe) && same_exports && &old.tenant == tname;
+                if same_layout && v.size < old.cfg.size {
+                    r.needs_restart.push(shrink_line(&v.name, old.cfg.size, v.size));
+                    volumes.push(Some(old.clone()));
+                } else if !same_layout {
                     let hint = if (live.base.nodes.len()..nodes.len()).any(|j| v.stripe.uses(j)) {
                         " (an export without widths spans every node, so a node added changes it: give it the widths \
                          it runs)"
@@ -2099,6 +2102,9 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                     ));
                     volumes.push(Some(old.clone()));
                 } else if old.cfg.access != v.access || old.cfg.read_only != v.read_only {
+                    if v.size > old.cfg.size {
+                        grows.push(Growth { at: volumes.len(), from: old.cfg.size, v });
+                    }
                     if old.cfg.access != v.access {
                         r.applied.push(format!(
                             "export {}: access lists changed (for connections opened from now on)",
@@ -2124,8 +2130,13 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
                     // volume's own write gate is set once the reload is applied, below.)
                     let info = ExportInfo { read_only: v.read_only, ..old.export.info.clone() };
                     let export = Arc::new(Export { access: v.access.clone(), info, ..(*old.export).clone() });
-                    volumes.push(Some(LiveVolume { cfg: v.clone(), export, ..old.clone() }));
+                    // At its old size until a growth is applied (below).
+                    let cfg = GatewayVolume { size: old.cfg.size, ..v.clone() };
+                    volumes.push(Some(LiveVolume { cfg, export, ..old.clone() }));
                 } else {
+                    if v.size > old.cfg.size {
+                        grows.push(Growth { at: volumes.len(), from: old.cfg.size, v });
+                    }
                     volumes.push(Some(old.clone()));
                 }
             }
@@ -2158,6 +2169,23 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         |j: usize| new.exports.iter().filter(|c| c.stripe.uses(j)).find_map(|c| c.node_exports.get(j).cloned());
     let unreached = moves.try_places(&live.base.nodes, running_at, export_at, live.base.link.connect_timeout).await?;
     r.applied.extend(unreached);
+    // Volumes grown: each node export is asked its size now (at the node's place as this reload sets it),
+    // all at once; a volume whose node exports all hold their part of the new size takes it below, for
+    // new connections. (`Growth`, module comment "Reload".)
+    let mut grown: Vec<(usize, u64)> = Vec::new();
+    for (g, short) in grows.iter().zip(Growth::check(nodes, &grows, live.base.link.connect_timeout).await) {
+        let (i, v) = (g.at, g.v);
+        if !short.is_empty() {
+            r.needs_restart.extend(short);
+            continue;
+        }
+        let old = volumes[i].as_ref().expect("a kept volume");
+        let info = ExportInfo { size: v.size, ..old.export.info.clone() };
+        let export = Arc::new(Export { info, ..(*old.export).clone() });
+        let cfg = GatewayVolume { size: v.size, ..old.cfg.clone() };
+        grown.push((i, old.cfg.size));
+        volumes[i] = Some(LiveVolume { cfg, export, ..old.clone() });
+    }
     // The tenants' trackers count the places added (a tracker is shared by its tenant's volumes).
     for t in live.trackers.values() {
         t.lock().unwrap_or_else(|e| e.into_inner()).add_servers(nodes.len());
@@ -2243,6 +2271,12 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     live.tenants = tenants;
     live.volumes = volumes;
+    // Volumes grown: their node sessions opened for a smaller piece renew ([`RemoteVolume::grow`]).
+    for &(i, from) in &grown {
+        let v = &live.volumes[i];
+        let renewed = v.volume.grow(v.cfg.size);
+        r.applied.push(Growth::applied(&v.cfg.name, from, v.cfg.size, &renewed));
+    }
     // Each volume's own write gate, as its `read_only` says now (a volume this reload opened has it).
     for v in &live.volumes {
         v.volume.set_read_only(v.cfg.read_only);
@@ -2309,6 +2343,99 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
         ));
     }
     Ok(r)
+}
+
+/// What a reload says of a running volume whose `size_mb` it lowers, its layout otherwise the same: a
+/// restart, which cuts off the data past the new end (nothing is moved or kept).
+fn shrink_line(name: &str, from: u64, to: u64) -> String {
+    format!(
+        "export {name}: size_mb lowered from {} to {}: needs a restart, and the restart cuts off the volume's last \
+         {} MiB (its data from byte {to} on; put size_mb back to keep them)",
+        from >> 20,
+        to >> 20,
+        (from - to) >> 20
+    )
+}
+
+/// A running volume whose `size_mb` a reload raises, its layout (stripe_kb, widths, node order,
+/// node_export, tenant) otherwise the same (module comment, "Reload"). The stripe maps a volume offset to
+/// its node and node offset whatever the volume's size ([`Stripe::map`]), so the bytes it holds stay
+/// where they are and the new part lands on each node past its old piece: each node export must hold
+/// [`Stripe::node_bytes`] of the new size. The node sessions know their export's size from their
+/// handshakes (fixed per session: a node image grown since is not in it), so the nodes are asked now
+/// ([`crate::remote::export_size`]).
+struct Growth<'a> {
+    /// The volume's index in the reload's list.
+    at: usize,
+    /// Its size as it runs (bytes).
+    from: u64,
+    /// The file's volume (by place), with the new size.
+    v: &'a GatewayVolume,
+}
+
+impl Growth<'_> {
+    /// Asks every node export of `grows` its size (all at once, each within `connect_timeout`, at its
+    /// node's place as the reload sets it) and returns, per growth in order, the lines of the node
+    /// exports that refuse it ([`Growth::short`]; none: it applies).
+    async fn check(nodes: &[NodeSpec], grows: &[Growth<'_>], connect_timeout: Duration) -> Vec<Vec<String>> {
+        let asks = grows.iter().enumerate().flat_map(|(g, grow)| {
+            (0..nodes.len()).filter(|&j| grow.v.stripe.uses(j)).map(move |j| async move {
+                (g, j, crate::remote::export_size(&nodes[j], &grow.v.node_exports[j], connect_timeout).await)
+            })
+        });
+        let sizes = futures_util::future::join_all(asks).await;
+        let mut short = vec![Vec::new(); grows.len()];
+        for (g, grow) in grows.iter().enumerate() {
+            let mine: Vec<_> = sizes.iter().filter(|s| s.0 == g).map(|(_, j, size)| (*j, size.clone())).collect();
+            short[g] = grow.short(nodes, &mine);
+        }
+        short
+    }
+
+    /// The lines of the node exports that refuse the growth, given their `sizes` (node place, its
+    /// export's size now or why it could not be read): one too small, or one whose size could not be
+    /// read (the node down), names the node, its export, what it has and what the new size needs there.
+    fn short(&self, nodes: &[NodeSpec], sizes: &[(usize, Result<u64, String>)]) -> Vec<String> {
+        let v = self.v;
+        let (to, from) = (v.size >> 20, self.from >> 20);
+        let mut lines = Vec::new();
+        for (j, size) in sizes {
+            let needed = v.stripe.node_bytes(*j, v.size);
+            let (node, export) = (&nodes[*j].name, &v.node_exports[*j]);
+            let what = format!("export {}: size_mb {to} needs {needed} bytes of node {node}'s export {export}", v.name);
+            match size {
+                Ok(size) if *size >= needed => {}
+                Ok(size) => lines.push(format!(
+                    "{what}, which has {size} (grow it on the node first, then reload the gateway); the volume stays \
+                     at size_mb {from}"
+                )),
+                Err(why) => lines.push(format!(
+                    "{what}, whose size could not be read: {why} (reload the gateway once the node answers); the \
+                     volume stays at size_mb {from}"
+                )),
+            }
+        }
+        lines
+    }
+
+    /// The reload's line for a growth applied, `renewed` the nodes whose sessions renew
+    /// ([`RemoteVolume::grow`]).
+    fn applied(name: &str, from: u64, to: u64, renewed: &[String]) -> String {
+        let sessions = if renewed.is_empty() {
+            "its node sessions already see exports that large".to_string()
+        } else {
+            format!(
+                "its sessions with {} end once their pieces are answered and renew for the new size",
+                renewed.join(", ")
+            )
+        };
+        format!(
+            "export {name}: size_mb {} -> {} for connections opened from now on (those open keep their size: NBD \
+             fixes it per connection); {sessions}",
+            from >> 20,
+            to >> 20
+        )
+    }
 }
 
 /// The node exports running volumes hold, by node address and node export: the volume that holds it and
@@ -3726,6 +3853,114 @@ mod tests {
         assert_ne!(a, b, "a new key is a change");
         assert_eq!(a, a2, "the same key is none");
         assert!(!a.contains(&"11".repeat(16)) && a.contains("fingerprint"), "{a}");
+    }
+
+    /// The gateway `cfg` starts as, its volumes opened (over nodes that may be down: a node that is down is
+    /// no error at open), for `apply_reload`.
+    async fn live_over(cfg: &GatewayConfig) -> Live {
+        let mut live = Live::new(cfg);
+        live.tenants = cfg.tenants.clone();
+        let prepared: Vec<_> = cfg
+            .exports
+            .iter()
+            .map(|v| {
+                let (id, qos) = live.volume_qos(&cfg.tenants[v.tenant], cfg.nodes.len());
+                (v, id, qos)
+            })
+            .collect();
+        for (v, id, volume) in open_remotes(&cfg.nodes, cfg.link, prepared).await.unwrap() {
+            let lv = live.make(v, &cfg.tenants[v.tenant], id, volume).await.unwrap();
+            live.volumes.push(lv);
+        }
+        live
+    }
+
+    /// A reload that raises a volume's `size_mb`, its layout otherwise the same, asks each node export its
+    /// size now and grows the volume only if every one holds its part (`Growth`): a node that cannot be
+    /// asked (down here) refuses it, named with what is needed there, and the volume keeps its size for
+    /// new connections; a lowered `size_mb` needs a restart, in its own words (the data past the new end
+    /// is cut off); a size changed with the stripe is named as before. (Before, every one of them was
+    /// `size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart`.)
+    #[tokio::test]
+    async fn a_reload_grows_a_volume_only_over_node_exports_that_hold_it() {
+        let file = |size_mb: u32, stripe_kb: u32| {
+            let text = format!(
+                "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[nodes]]\nname = \"s2\"\naddress = \"127.0.0.1:2\"\n\
+                 [[exports]]\nname = \"v\"\nsize_mb = {size_mb}\nstripe_kb = {stripe_kb}\n"
+            );
+            GatewayConfig::parse(&text, Path::new("gw.toml")).unwrap()
+        };
+        let running = file(2, 64);
+        let mut live = live_over(&running).await;
+        let size = |live: &Live| (live.volumes[0].cfg.size, live.volumes[0].export.info.size);
+        // Raised: each node export asked; both down, so both named, and the volume keeps its size.
+        let r = apply_reload(&mut live, &file(4, 64)).await.unwrap();
+        assert_eq!(r.needs_restart.len(), 2, "{:?}", r.needs_restart);
+        for (line, node) in r.needs_restart.iter().zip(["s1", "s2"]) {
+            let want = format!(
+                "export v: size_mb 4 needs 2097152 bytes of node {node}'s export v, whose size could not be read: "
+            );
+            assert!(line.starts_with(&want), "{line}");
+            assert!(
+                line.ends_with("(reload the gateway once the node answers); the volume stays at size_mb 2"),
+                "{line}"
+            );
+        }
+        assert!(r.applied.is_empty(), "{:?}", r.applied);
+        assert_eq!(size(&live), (2 << 20, 2 << 20));
+        // Lowered: a restart, which cuts the data off.
+        let r = apply_reload(&mut live, &file(1, 64)).await.unwrap();
+        assert_eq!(
+            r.needs_restart,
+            ["export v: size_mb lowered from 2 to 1: needs a restart, and the restart cuts off the volume's last 1 MiB \
+              (its data from byte 1048576 on; put size_mb back to keep them)"]
+        );
+        assert_eq!(size(&live), (2 << 20, 2 << 20));
+        // With another stripe: the layout's words, as before.
+        let r = apply_reload(&mut live, &file(4, 128)).await.unwrap();
+        assert_eq!(r.needs_restart.len(), 1, "{:?}", r.needs_restart);
+        assert!(
+            r.needs_restart[0]
+                .starts_with("export v: size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart"),
+            "{:?}",
+            r.needs_restart
+        );
+        assert_eq!(size(&live), (2 << 20, 2 << 20));
+        for v in &live.volumes {
+            v.volume.close(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// What a growth's node exports say (`Growth::short`): one that holds its part of the new size says
+    /// nothing, one too small is named with its size and what the new size needs there, one that could not
+    /// be asked with why; the stripe's part per node ([`Stripe::node_bytes`]), by the node's place.
+    #[test]
+    fn a_growth_names_the_node_exports_too_small() {
+        let text = "[[nodes]]\nname = \"s1\"\naddress = \"127.0.0.1:1\"\n[[nodes]]\nname = \"s2\"\naddress = \"127.0.0.1:2\"\n\
+                    [[nodes]]\nname = \"s3\"\naddress = \"127.0.0.1:3\"\n\
+                    [[exports]]\nname = \"v\"\nsize_mb = 2048\nwidths = { s1 = 1, s2 = 1, s3 = 2 }\nnode_export = \"x\"\n";
+        let c = GatewayConfig::parse(text, Path::new("gw.toml")).unwrap();
+        let v = &c.exports[0];
+        let g = Growth { at: 0, from: 1 << 30, v };
+        assert_eq!(v.stripe.node_bytes(2, v.size), 1 << 30, "s3 holds half");
+        let fits = [(0, Ok(512 << 20)), (1, Ok(600 << 20)), (2, Ok(1 << 30))];
+        assert!(g.short(&c.nodes, &fits).is_empty());
+        let short = [(0, Ok(512 << 20)), (1, Ok(256 << 20)), (2, Err("connection refused".to_string()))];
+        assert_eq!(
+            g.short(&c.nodes, &short),
+            [
+                "export v: size_mb 2048 needs 536870912 bytes of node s2's export x, which has 268435456 (grow it on \
+                 the node first, then reload the gateway); the volume stays at size_mb 1024",
+                "export v: size_mb 2048 needs 1073741824 bytes of node s3's export x, whose size could not be read: \
+                 connection refused (reload the gateway once the node answers); the volume stays at size_mb 1024",
+            ]
+        );
+        assert_eq!(
+            Growth::applied("v", 1 << 30, 2 << 30, &["s1".into(), "s2".into()]),
+            "export v: size_mb 1024 -> 2048 for connections opened from now on (those open keep their size: NBD \
+             fixes it per connection); its sessions with s1, s2 end once their pieces are answered and renew for \
+             the new size"
+        );
     }
 
     /// A reload's refusal is typed (`ReloadError`): each kind is its own variant with what it names, and

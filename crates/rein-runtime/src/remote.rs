@@ -914,7 +914,7 @@ impl RemoteVolume {
                 index: j,
                 qos,
                 export: exports[j].clone(),
-                needed: stripe.node_bytes(j, size),
+                needed: AtomicU64::new(stripe.node_bytes(j, size)),
                 volume: volume.to_string(),
                 cfg,
                 respec: watch::channel(0).0,
@@ -1239,6 +1239,25 @@ impl RemoteVolume {
     /// Whether the volume checks its node exports' flags (`read_only_check_s`).
     pub fn checks_read_only(&self) -> bool {
         self.checked.is_some()
+    }
+
+    /// The volume grew to `size` bytes (a reload, once the node exports were found large enough, gateway.rs
+    /// "Reload"): each node's piece is [`Stripe::node_bytes`] of it from now on (a new session checks its
+    /// export against it), and the node sessions opened for a smaller piece end once their pieces are
+    /// answered and say hello again at once (pieces sent meanwhile wait; [`SessionEnd::Grown`]), so that
+    /// a node checking requests against its session's export size takes the new part. Returns the nodes
+    /// whose piece grew.
+    pub fn grow(&self, size: u64) -> Vec<String> {
+        let mut grown = Vec::new();
+        for (j, link) in self.links.iter().enumerate() {
+            let Some(link) = link else { continue };
+            let needed = self.stripe.node_bytes(j, size);
+            if link.target.needed.fetch_max(needed, Ordering::AcqRel) < needed {
+                link.target.recheck.send_modify(|g| *g += 1);
+                grown.push(link.target.node.name.clone());
+            }
+        }
+        grown
     }
 
     /// The largest minimum block size of the volume's nodes, as their connections that have been up say
@@ -1648,8 +1667,8 @@ struct Target {
     /// The volume's [`RemoteVolume::close`]: sessions end at once, with NBD_CMD_DISC.
     closing: watch::Receiver<bool>,
     export: String,
-    /// The volume's piece on this node ([`Stripe::node_bytes`]).
-    needed: u64,
+    /// The volume's piece on this node ([`Stripe::node_bytes`]); raised by [`RemoteVolume::grow`].
+    needed: AtomicU64,
     volume: String,
     cfg: LinkConfig,
 }
@@ -1674,7 +1693,7 @@ impl ConnectError {
                 export: t.export.clone(),
                 volume: t.volume.clone(),
                 size,
-                needed: t.needed,
+                needed: t.needed.load(Ordering::Acquire),
             },
         }
     }
@@ -1707,6 +1726,9 @@ struct Session {
     registration: Option<crate::tls::Registration>,
     /// Where it connected: a reload that moves the node ends it ([`NodeRoute`]).
     place: Place,
+    /// The export's size, as the handshake gave it (fixed for the session): a volume grown past it ends
+    /// the session ([`RemoteVolume::grow`]).
+    size: u64,
 }
 
 /// What [`dial`] made.
@@ -1786,6 +1808,22 @@ async fn probe(node: &NodeSpec, exports: &[String], connect_timeout: Duration) -
         Dialed::Probed(answers) => Ok(answers),
         // A probe's handshake opens nothing ([`ClientHandshake::probe`]).
         Dialed::Open(_) => Err(ConnectError::Io("handshake: an export opened by a probe".into())),
+    }
+}
+
+/// The size of `export` on `node` now, on a side connection that opens nothing (`probe`: NBD_OPT_INFO,
+/// whose NBD_INFO_EXPORT gives it), within `connect_timeout`. A session's export size is fixed at its
+/// handshake, so a node export grown since shows only here; a reload that grows a volume asks it of each
+/// node export first (gateway.rs, "Reload"). `Err`: why it could not be read (the node down, or refusing
+/// the export's information).
+pub async fn export_size(node: &NodeSpec, export: &str, connect_timeout: Duration) -> Result<u64, String> {
+    match probe(node, &[export.to_string()], connect_timeout).await {
+        Ok(answers) => match answers.into_iter().next() {
+            Some(p::Probed::Info { size, .. }) => Ok(size),
+            Some(p::Probed::Refused { message, .. }) => Err(format!("the node refuses its information: {message}")),
+            None => Err("the node did not answer for it".to_string()),
+        },
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -1898,7 +1936,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
         };
         // The least size a session's export must have (a probe opens none).
         let needed = match how {
-            Dial::Session(t) => t.needed,
+            Dial::Session(t) => t.needed.load(Ordering::Acquire),
             Dial::Probe(_) => 0,
         };
         if place.tls.is_some() {
@@ -1940,6 +1978,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
                         version: 0,
                         registration,
                         place,
+                        size,
                     })));
                 }
                 ClientProgress::Info(answers) => {
@@ -1954,7 +1993,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
                     let slot = welcome.tenants.first().map(|g| g.slot);
                     let (boot, version) = (welcome.boot, welcome.version);
                     let block = hs.block_size();
-                    let s = Session { stream, input, flags, block, slot, boot, version, registration, place };
+                    let s = Session { stream, input, flags, block, slot, boot, version, registration, place, size };
                     return Ok(Dialed::Open(Box::new(s)));
                 }
                 ClientProgress::NodeRefused(reply, message) => {
@@ -2320,7 +2359,7 @@ async fn run_link(
             }
             match end {
                 SessionEnd::Closed => return,
-                SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck => {
+                SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck | SessionEnd::Grown => {
                     // At once, with the new spec, at the node's new place or to read the export's flags
                     // again; pieces meanwhile wait in the channel.
                     let why = match end {
@@ -2334,6 +2373,7 @@ async fn run_link(
                             format!("at its new place {} (protocol {}, {tls})", place.address, place.protocol.name())
                         }
                         SessionEnd::Recheck => "to learn whether its export still refuses writes".to_string(),
+                        SessionEnd::Grown => "for the volume's new size".to_string(),
                         _ => "with the tenant's new spec".to_string(),
                     };
                     let attempt = tokio::select! {
@@ -2445,6 +2485,9 @@ enum SessionEnd {
     /// export's flags ([`read_only_checked`]) asked it to say hello again, and its pieces are answered: the
     /// new handshake says whether the export is writable now.
     Recheck,
+    /// The volume grew ([`RemoteVolume::grow`]) past what this session's export was checked against, and
+    /// its pieces are answered: the new handshake gives the export's size now.
+    Grown,
     /// The node answered NBD_ESHUTDOWN and the session's pieces are answered: the session was left with a
     /// soft disconnect, as the spec asks of a client; reconnect as after a failure. The reason.
     Left(String),
@@ -2473,7 +2516,7 @@ async fn run_session(
     rx: &mut mpsc::UnboundedReceiver<Work>,
 ) -> SessionEnd {
     // The registration lives as long as the session (a reload may cut it meanwhile).
-    let Session { stream, input, block, slot, boot, version, registration: _registration, place, .. } = session;
+    let Session { stream, input, block, slot, boot, version, registration: _registration, place, size, .. } = session;
     let node = target.index;
     let qos = match (slot, &target.qos) {
         (Some(slot), Some((_, tracker))) => Some((slot, tracker.as_ref())),
@@ -2493,13 +2536,13 @@ async fn run_session(
     match stream {
         NbdStream::Plain(sock) => {
             let (rd, wr) = sock.into_split();
-            run_session_on(target, &place, block, state, rd, wr, input, qos, version, rx).await
+            run_session_on(target, (&place, size), block, state, rd, wr, input, qos, version, rx).await
         }
         NbdStream::Tls(tls) => {
             let (rd, wr) = tokio::io::split(tls);
             // A batch's small messages into full TLS records (the module `wire`), as the server's side.
             let wr = tokio::io::BufWriter::with_capacity(crate::wire::TLS_BUFFER_BYTES, wr);
-            run_session_on(target, &place, block, state, rd, wr, input, qos, version, rx).await
+            run_session_on(target, (&place, size), block, state, rd, wr, input, qos, version, rx).await
         }
     }
 }
@@ -2508,7 +2551,7 @@ async fn run_session(
 #[allow(clippy::too_many_arguments)]
 async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     target: &Target,
-    place: &Place,
+    (place, size): (&Place, u64),
     block: BlockSize,
     state: &LinkState,
     mut rd: R,
@@ -2530,6 +2573,11 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let timeout = target.cfg.request_timeout;
     let mut respec = target.respec.subscribe();
     let mut recheck = target.recheck.subscribe();
+    // A volume grown past this session's export ([`RemoteVolume::grow`]) before the subscription (which
+    // counts its renewal as seen) ends it at once, as a later one does.
+    if target.needed.load(Ordering::Acquire) > size {
+        recheck.mark_changed();
+    }
     let mut moved = target.node.route.generation.subscribe();
     // A connect that read the node's place before a reload moved it and finished after the reload's
     // announcement (which this subscription counts as seen) is at the old place: it ends at once, as
@@ -2553,6 +2601,10 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 _ = recheck.changed() => {
                     if state.read_only.load(Ordering::Acquire) {
                         return SessionEnd::Recheck;
+                    }
+                    // The volume grew (`RemoteVolume::grow`): a new session takes the new part.
+                    if target.needed.load(Ordering::Acquire) > size {
+                        return SessionEnd::Grown;
                     }
                     continue;
                 }
@@ -2752,7 +2804,10 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             e = &mut writer => e,
             e = &mut reader => e,
         };
-        if matches!(end, SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck | SessionEnd::Left(_)) {
+        if matches!(
+            end,
+            SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck | SessionEnd::Grown | SessionEnd::Left(_)
+        ) {
             // The writer stopped (the reader runs on): the pieces in flight are answered on this session
             // (each within request_timeout) before the connection says hello again, or, the node shutting
             // down, before it is left; new pieces wait in the channel.
@@ -2773,7 +2828,12 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     // softly, with NBD_CMD_DISC, as the spec asks of a client; a broken one just closes.
     if matches!(
         end,
-        SessionEnd::Closed | SessionEnd::Recycle | SessionEnd::Moved | SessionEnd::Recheck | SessionEnd::Left(_)
+        SessionEnd::Closed
+            | SessionEnd::Recycle
+            | SessionEnd::Moved
+            | SessionEnd::Recheck
+            | SessionEnd::Grown
+            | SessionEnd::Left(_)
     ) {
         let disc = header(Command::Disc, 0, 0, false);
         let _ = tokio::time::timeout(DISC_TIMEOUT, write_all_vectored(&mut wr, &[disc], qos.is_some())).await;
@@ -2784,6 +2844,7 @@ async fn run_session_on<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         SessionEnd::Failed(w) | SessionEnd::Left(w) => w.clone(),
         SessionEnd::Recycle => "the session ended for a new spec".to_string(),
         SessionEnd::Recheck => "the session ended to read the export's flags again".to_string(),
+        SessionEnd::Grown => "the session ended for the volume's new size".to_string(),
         SessionEnd::Moved => "the session ended: a reload moved the node".to_string(),
     };
     for (_, p) in pending.into_inner().unwrap_or_else(|e| e.into_inner()) {
