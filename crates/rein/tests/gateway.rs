@@ -2022,6 +2022,108 @@ fn a_volume_grows_onto_an_added_node_by_a_copy() {
     assert_eq!(w[..UNIT as usize], std::fs::read(&src).unwrap()[UNIT as usize..2 * UNIT as usize]);
 }
 
+/// docs/gateway.md, "Growing a volume": two `rein serve` nodes whose file images (8 MiB, no `size_mb`)
+/// hold a 16 MiB volume; a pattern near its end, on both nodes. size_mb raised to 32 with s2's image
+/// not grown: the gateway's reload names s2, its export's size and what is needed there, and nbdinfo
+/// still says 16 MiB. Both images grown (`truncate`), the nodes reloaded, the gateway reloaded: nbdinfo
+/// (a new connection) says 32 MiB, the old pattern reads back, a write near the new end reads back and
+/// lands on s2 past its old part (the stripe maps offsets whatever the size), the node sessions renewed
+/// for the new size (a `rein serve` session keeps the size of its handshake); a connection opened
+/// before keeps its 16 MiB (a read past them is refused) and reads on. A lowered size_mb needs a
+/// restart, named as cutting off the data past the new end. Before, every one of these reloads said
+/// `size_mb, stripe_kb, widths, node_export or tenant changed: needs a restart`.
+#[test]
+fn a_reload_grows_a_volume_over_grown_node_images() {
+    let tmp = tmpdir("gw-grow-in-place");
+    let dir = tmp.path();
+    let hosts = [113u8, 114];
+    let body = "capacity_iops = 100000\n[[exports]]\nname = \"v\"\n";
+    let grow = |host: u8, mb: u64| {
+        std::fs::OpenOptions::new().write(true).open(node_file(dir, host)).unwrap().set_len(mb << 20).unwrap()
+    };
+    let nodes: Vec<Server> = hosts
+        .iter()
+        .map(|&h| {
+            let file = node_file(dir, h);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::File::create(file).unwrap().set_len(8 << 20).unwrap();
+            serve_in(&dir.join(format!("node{h}")), &local(h), body)
+        })
+        .collect();
+    let list = [("s1", nodes[0].nbd), ("s2", nodes[1].nbd)];
+    let volume = |mb: u32| format!("[[exports]]\nname = \"v\"\nsize_mb = {mb}\nstripe_kb = 64\n");
+    let gw = gateway(&gateway_config(dir, 250, &list, &volume(16)));
+    let size = || run_ok(tool("nbdinfo").args(["--size", &uri(&gw)])).trim().to_string();
+    let reloads = |s: &Server| s.log.lock().unwrap().iter().filter(|l| l.contains("configuration reloaded")).count();
+    let reload = |s: &Server| {
+        let before = reloads(s);
+        s.signal("-HUP");
+        assert!(eventually(Duration::from_secs(30), || reloads(s) > before), "{:#?}", s.log.lock().unwrap());
+    };
+    assert_eq!(size(), (16u64 << 20).to_string());
+    // The last 4 KiB of the volume (on s2: units alternate s1, s2) and of the unit before it (on s1).
+    let (end, before_end) = ((16u64 << 20) - 4096, (16u64 << 20) - UNIT - 4096);
+    let mut old = Raw::connect(gw.nbd, "v");
+    assert_eq!(write_at(&mut old, 1, end, 0xe1), 0);
+    assert_eq!(write_at(&mut old, 2, before_end, 0xe2), 0);
+    assert_eq!(flush_on(&mut old, 3), 0);
+    // s1 grown, s2 not: refused, naming s2.
+    grow(113, 16);
+    reload(&nodes[0]);
+    nodes[0].wait_line("export v opened again");
+    gateway_config(dir, 250, &list, &volume(32));
+    reload(&gw);
+    let line = gw.wait_line("size_mb 32 needs");
+    assert!(
+        line.contains(
+            "export v: size_mb 32 needs 16777216 bytes of node s2's export v, which has 8388608 (grow it on the node \
+             first, then reload the gateway); the volume stays at size_mb 16"
+        ),
+        "{line}"
+    );
+    assert!(!line.contains("node s1"), "{line}");
+    assert_eq!(size(), (16u64 << 20).to_string(), "the volume keeps its size");
+    // s2 grown too: applied.
+    grow(114, 16);
+    reload(&nodes[1]);
+    nodes[1].wait_line("export v opened again");
+    reload(&gw);
+    let line = gw.wait_line("export v: size_mb 16 -> 32");
+    assert!(line.contains("for connections opened from now on"), "{line}");
+    assert_eq!(size(), (32u64 << 20).to_string(), "a new connection sees the new size");
+    let at = uri(&gw);
+    let new_end = (32u64 << 20) - 4096;
+    let (ok, out) = qemu_io_ok(
+        &at,
+        &[
+            &format!("read -P 0xe1 {end} 4096"),
+            &format!("read -P 0xe2 {before_end} 4096"),
+            &format!("write -P 0xe3 {new_end} 4096"),
+            &format!("read -P 0xe3 {new_end} 4096"),
+            "flush",
+        ],
+    );
+    assert!(ok, "the old bytes read back, and the new end takes a write: {out}");
+    gw.wait_line("node session renewed for the volume's new size");
+    // The new end lies on s2 past its old 8 MiB: its last 4 KiB of 16 MiB now.
+    let s2 = std::fs::read(node_file(dir, 114)).unwrap();
+    assert_eq!(s2.len(), 16 << 20);
+    assert!(s2[(16 << 20) - 4096..].iter().all(|&b| b == 0xe3), "the new part lands after s2's old part");
+    assert!(s2[(8 << 20) - 4096..8 << 20].iter().all(|&b| b == 0xe1), "the old part stays where it was");
+    // The connection opened before keeps its size: reads its bytes, and is refused past its end.
+    let (error, data) = read_at(&mut old, 4, end, 4096);
+    assert_eq!((error, data.iter().all(|&b| b == 0xe1)), (0, true));
+    old.send(rein_proto::nbd::Command::Read, 5, 16 << 20, 4096, &[]);
+    assert_ne!(old.reply(0).1, 0, "past its 16 MiB");
+    // Lowered: needs a restart, in its own words.
+    gateway_config(dir, 250, &list, &volume(8));
+    reload(&gw);
+    gw.wait_line(
+        "export v: size_mb lowered from 32 to 8: needs a restart, and the restart cuts off the volume's last 24 MiB",
+    );
+    assert_eq!(size(), (32u64 << 20).to_string());
+}
+
 /// `layout_file` (crates/rein-runtime/src/gateway/layouts.rs): the layouts a gateway runs are recorded,
 /// and a start (or `--check-config`) with gw.toml's `[[nodes]]` reordered, which would lay the volume
 /// out otherwise and scramble its data, is refused naming the volume and both layouts; with the order
