@@ -29,6 +29,10 @@
 //!    request's offset up to the first whose node byte the node's answer does not cover: a node that
 //!    answered less than its range (or nothing) cuts the answer there, and a hole is reported only where
 //!    the node reported one.
+//! 6. The map does not depend on the volume's size (none enters [`Stripe::locate`] or [`Stripe::map`]):
+//!    a volume grown keeps every byte where it was, [`Stripe::node_bytes`] grows with the size, and on
+//!    each node the bytes past the old end land after the old bytes there (node `j`'s units follow one
+//!    another in volume order). A gateway reload grows a volume in place by it (gateway.rs, "Reload").
 //!
 //! # Symbol map
 //! `U` -> `unit`, `w_j` -> `widths[j]`, `W` -> `round_units`, `c_j` -> `starts[j]`.
@@ -336,6 +340,32 @@ mod tests {
     }
 
     proptest! {
+        /// Invariant 6: growing a volume from `old` to `new` bytes moves no byte, needs no less of any
+        /// node, and puts each new byte on its node after every old byte there.
+        #[test]
+        fn growing_moves_no_byte(
+            unit in 1u64..300,
+            widths in proptest::collection::vec(0u32..4, 1..5),
+            old in 1u64..20_000,
+            more in 1u64..20_000,
+            a in 0u64..20_000,
+            b in 0u64..20_000,
+        ) {
+            prop_assume!(widths.iter().any(|&w| w > 0));
+            let s = Stripe::new(unit, &widths).unwrap();
+            let new = old + more;
+            for j in 0..widths.len() {
+                prop_assert!(s.node_bytes(j, old) <= s.node_bytes(j, new));
+            }
+            // An old byte and a new one: on one node, the new one lies after.
+            let (o, n) = (a % old, old + b % more);
+            let ((jo, at_o), (jn, at_n)) = (s.locate(o), s.locate(n));
+            prop_assert!(at_n < s.node_bytes(jn, new));
+            if jo == jn {
+                prop_assert!(at_o < at_n);
+            }
+        }
+
         /// `placed` keeps every byte on the same node (at its new place) and the same node offset,
         /// whatever nodes are inserted between the ones used.
         #[test]

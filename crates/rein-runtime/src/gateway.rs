@@ -81,6 +81,19 @@
 //! - a volume's `read_only` changed: new connections see the volume read-only or writable, and its own
 //!   write gate ([`RemoteVolume::set_read_only`]) refuses the writes of every connection with EPERM while
 //!   it is set (those told writable at their handshake write again once it is cleared);
+//! - a volume's `size_mb` raised, its stripe_kb, widths, node order, node exports and tenant the same
+//!   (`Growth`): the stripe maps offsets whatever the size ([`rein_model::stripe`], invariant 6), so
+//!   its bytes stay where they are and the new part lands on each node after its old part. Each node
+//!   export is asked its size first ([`crate::remote::export_size`]: NBD_OPT_INFO on a side connection;
+//!   a node session's size is its handshake's, the old one if the node's image grew since), all at once
+//!   within `connect_timeout`, after the nodes moved by the reload are set; if each holds its part of
+//!   the new size ([`Stripe::node_bytes`]; invariant 2), the volume's export is replaced for the
+//!   connections opened from then on (those open keep their size: NBD fixes it per connection), and
+//!   once the reload completes its node sessions opened for a smaller export end once their pieces are
+//!   answered and say hello again ([`RemoteVolume::grow`]; a node that checks requests against its
+//!   session's size would refuse the new part otherwise). A node export too small, or a node that
+//!   cannot be asked, leaves the volume at its size, named (node, its export's size, what is needed);
+//!   the rest of the reload applies;
 //! - a PARDA host's `[mclock]` changed: its local scheduler takes the new settings at once (queued
 //!   requests stay; `[parda]` and `[parda_host]` need a restart);
 //! - `[tls]` and `[node_tls]`: read again from their files (renewed certificates under the same names
@@ -124,8 +137,9 @@
 //! - what needs a restart is named and left as it runs: a node removed while a volume kept uses it, the
 //!   front's settings (listen, admin, caps, budgets, timeouts, request size, default export), the links'
 //!   timeouts and pool size,
-//!   `worker_threads`, a tenant's `reservation_split`, and a volume's size, stripe, widths, node export
-//!   or tenant (its data is laid out by them); a volume whose layout would change also hears what the
+//!   `worker_threads`, a tenant's `reservation_split`, and a volume's stripe, widths, node export or
+//!   tenant (its data is laid out by them), or its size lowered (in its own words: the restart cuts off
+//!   the data past the new end); a volume whose layout would change also hears what the
 //!   restart does to its data (`lays_out_anew`): without `layout_file` it scrambles it, unchecked (a
 //!   start and `--check-config` warn of a gateway without one, [`GatewayConfig::unrecorded_layouts`]);
 //!   with one, it is refused.
@@ -140,7 +154,8 @@
 //! # Invariants
 //! 1. Every node named in a tenant's `server_reservations` or an export's `widths` is a configured node.
 //! 2. A volume starts only if every node it uses answered the handshake with an export at least as large
-//!    as its piece ([`rein_model::stripe::Stripe::node_bytes`]).
+//!    as its piece ([`rein_model::stripe::Stripe::node_bytes`]), and a reload grows one only if every
+//!    such export, asked then, holds its piece of the new size (`Growth`).
 //! 3. No two volumes, and no volume twice, use one node export (address and export name): each lays its
 //!    units out from the export's offset 0. (Two addresses of one machine cannot be told apart here.)
 //!
