@@ -1244,7 +1244,7 @@ impl RemoteVolume {
     /// The volume grew to `size` bytes (a reload, once the node exports were found large enough, gateway.rs
     /// "Reload"): each node's piece is [`Stripe::node_bytes`] of it from now on (a new session checks its
     /// export against it), and the node sessions opened for a smaller piece end once their pieces are
-    /// answered and say hello again at once (pieces sent meanwhile wait; [`SessionEnd::Grown`]), so that
+    /// answered and say hello again at once (pieces sent meanwhile wait; `SessionEnd::Grown`), so that
     /// a node checking requests against its session's export size takes the new part. Returns the nodes
     /// whose piece grew.
     pub fn grow(&self, size: u64) -> Vec<String> {
