@@ -2286,10 +2286,11 @@ async fn apply_reload(live: &mut Live, file: &GatewayConfig) -> Result<ReloadRep
     }
     live.tenants = tenants;
     live.volumes = volumes;
-    // Volumes grown: their node sessions opened for a smaller piece renew ([`RemoteVolume::grow`]).
+    // Volumes grown: their node sessions opened for a smaller piece renew ([`RemoteVolume::grow`], which
+    // returns once they have: the front's table, and so the new size, is set after this returns).
     for &(i, from) in &grown {
         let v = &live.volumes[i];
-        let renewed = v.volume.grow(v.cfg.size);
+        let renewed = v.volume.grow(v.cfg.size).await;
         r.applied.push(Growth::applied(&v.cfg.name, from, v.cfg.size, &renewed));
     }
     // Each volume's own write gate, as its `read_only` says now (a volume this reload opened has it).

@@ -825,6 +825,9 @@ struct LinkHandle {
 /// What a connection's task shares with the senders.
 #[derive(Default)]
 struct LinkState {
+    /// The export's size its last session's handshake gave (NBD fixes it per session): a volume grown past
+    /// it waits for the session's renewal ([`RemoteVolume::grow`]).
+    session_size: AtomicU64,
     /// The node advertised NBD_FLAG_CAN_MULTI_CONN (a FLUSH on one connection covers all).
     multi_conn: AtomicBool,
     /// The node takes FLUSH (not volatile).
@@ -1246,16 +1249,33 @@ impl RemoteVolume {
     /// export against it), and the node sessions opened for a smaller piece end once their pieces are
     /// answered and say hello again at once (pieces sent meanwhile wait; `SessionEnd::Grown`), so that
     /// a node checking requests against its session's export size takes the new part. Returns the nodes
-    /// whose piece grew.
-    pub fn grow(&self, size: u64) -> Vec<String> {
+    /// whose piece grew, once each of their connections is between sessions (its pieces then wait for the
+    /// next, made for the new piece) or in a session made for the new piece, or after the longest
+    /// `request_timeout` of them (a session still draining its pieces): the caller serves the new size
+    /// only then, so that a piece past the old end never reaches a session its node would refuse it on.
+    pub async fn grow(&self, size: u64) -> Vec<String> {
         let mut grown = Vec::new();
+        let mut within = Duration::ZERO;
         for (j, link) in self.links.iter().enumerate() {
             let Some(link) = link else { continue };
             let needed = self.stripe.node_bytes(j, size);
             if link.target.needed.fetch_max(needed, Ordering::AcqRel) < needed {
                 link.target.recheck.send_modify(|g| *g += 1);
                 grown.push(link.target.node.name.clone());
+                within = within.max(link.target.cfg.request_timeout);
             }
+        }
+        let renewed = || {
+            self.links.iter().flatten().all(|link| {
+                let needed = link.target.needed.load(Ordering::Acquire);
+                link.conns.iter().all(|c| {
+                    !c.state.up.load(Ordering::Relaxed) || c.state.session_size.load(Ordering::Relaxed) >= needed
+                })
+            })
+        };
+        let deadline = Instant::now() + within;
+        while !renewed() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
         grown
     }
@@ -1767,6 +1787,7 @@ impl Session {
     /// Publishes the session's flags and size constraints to `state`; warns if the node takes FLUSH but
     /// not FUA.
     fn publish(&self, state: &LinkState, node: &str, volume: &str) {
+        state.session_size.store(self.size, Ordering::Relaxed);
         state.storage_node.store(self.slot.is_some(), Ordering::Relaxed);
         let status = self.slot.is_some() && self.version >= NODE_VERSION_BLOCK_STATUS;
         state.block_status.store(status, Ordering::Relaxed);
@@ -3516,6 +3537,78 @@ mod tests {
         let want_b = [(k, HOLE), (k, 0), (k, HOLE), (13 * k, 0)];
         assert_eq!(status().await, want_b, "b's error: its units as data");
         assert_eq!(status().await, want_b, "b's malformed payload: its units as data");
+    }
+
+    /// A plain NBD node on 127.0.0.113 whose export `v` has the size `size` holds at each handshake (a node
+    /// whose image grows), answering READs within the session's size (past it: EINVAL, as the NBD spec
+    /// asks and `rein serve` does).
+    async fn growing_node(size: Arc<AtomicU64>) -> SocketAddr {
+        use rein_proto::nbd::{Event, ExportInfo, ServerTransmission, TransmissionConfig};
+        let listener = tokio::net::TcpListener::bind("127.0.0.113:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else { return };
+                let info = ExportInfo { size: size.load(Ordering::Acquire), ..crate::testkit::export_v() };
+                tokio::spawn(async move {
+                    let Some((n, mut buf)) = crate::testkit::serve_handshake(&mut s, &info, None).await else { return };
+                    let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &n, 1 << 20));
+                    loop {
+                        let (used, event) = machine.feed(&buf).unwrap();
+                        let reply = match event {
+                            Event::NeedMore { .. } => {
+                                if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                                    return;
+                                }
+                                continue;
+                            }
+                            Event::Request { request, .. } => {
+                                let mut r = vec![0; machine.replies().headroom(&request) + request.length as usize];
+                                machine.replies().success(&request, &mut r);
+                                r
+                            }
+                            Event::Reject(rejection) => {
+                                let mut r = Vec::new();
+                                machine.replies().rejection(&mut r, &rejection);
+                                r
+                            }
+                            Event::Disconnect => return,
+                        };
+                        buf.drain(..used);
+                        if s.write_all(&reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// A volume grown ([`RemoteVolume::grow`]) over a node whose export grew: `grow` returns only once the
+    /// node's sessions were made for the new size (or are between sessions), so a READ past the old end
+    /// sent right after it is answered, not refused by a session of the old size. Before, `grow` only
+    /// signalled the sessions and returned: the sessions were still those of the old size (seen failing
+    /// at the first assertion), and such a READ reached one (EINVAL, 2 of 3 runs without that assertion).
+    #[tokio::test]
+    async fn a_grown_volume_serves_its_new_part_once_grow_returns() {
+        let size = Arc::new(AtomicU64::new(1 << 20));
+        let node = growing_node(size.clone()).await;
+        let nodes = [node_spec("g", node, NodeProtocol::Nbd)];
+        let cfg = LinkConfig { connections: 2, ..link_config(Duration::from_secs(5)) };
+        let stripe = Stripe::new(4096, &[1]).unwrap();
+        let volume = RemoteVolume::open("v", 1 << 20, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
+        assert!(read_at(&volume, (1 << 20) - 4096).await.is_ok(), "the old end");
+        size.store(2 << 20, Ordering::Release);
+        assert_eq!(volume.grow(2 << 20).await, ["g"]);
+        let link = volume.links[0].as_ref().unwrap();
+        for c in &link.conns {
+            let (up, at) = (c.state.up.load(Ordering::Relaxed), c.state.session_size.load(Ordering::Relaxed));
+            assert!(!up || at == 2 << 20, "a connection up in a session of {at} bytes once grow returned");
+        }
+        for offset in [1 << 20, (2 << 20) - 4096] {
+            assert!(read_at(&volume, offset).await.is_ok(), "a READ at {offset}, past the old end");
+        }
     }
 
     /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
