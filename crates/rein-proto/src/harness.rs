@@ -39,8 +39,8 @@
 //!   accept re-encodes to the same bytes.
 //! - [`client_replies`]: the client's side of transmission ([`ClientTransmission`]) never panics, never
 //!   consumes more than it is given, asks for more only beyond what it has, completes only requests that
-//!   were sent and each at most once, answers a READ with exactly its length of data and other commands
-//!   with none, and gives the same replies and the same end however the server's bytes are split.
+//!   were sent and each at most once, answers a READ with exactly its length of data, a BLOCK_STATUS with
+//!   one to [`nbd::MAX_EXTENTS`] non-empty descriptors within its length, and other commands with none, and gives the same replies and the same end however the server's bytes are split.
 
 use crate::nbd::client::{ClientEvent, ClientReply, ClientTransmission};
 use crate::nbd::node::{
@@ -907,12 +907,14 @@ pub fn replies(data: &[u8]) {
     }
 }
 
-/// One request of the [`client_replies`] harness: a READ of `length` bytes or a WRITE of `length` bytes,
-/// at `offset`.
+/// One request of the [`client_replies`] harness: a READ of `length` bytes, a BLOCK_STATUS of `length`
+/// bytes, or a WRITE of `length` bytes, at `offset`.
 #[derive(Debug, Clone, Copy)]
 pub struct SentRequest {
-    /// READ (else WRITE).
+    /// READ (else BLOCK_STATUS or WRITE).
     pub read: bool,
+    /// BLOCK_STATUS (if not READ; else WRITE), for the context [`nbd::BASE_ALLOCATION_ID`].
+    pub status: bool,
     /// The request's offset.
     pub offset: u64,
     /// Its length.
@@ -928,8 +930,13 @@ pub fn replies_run(
     sizes: &[usize],
 ) -> (Vec<(u64, ClientReply)>, Option<String>) {
     let mut c = ClientTransmission::new(structured, requests.len().max(1));
+    c.set_meta_context(Some(nbd::BASE_ALLOCATION_ID));
     for (i, r) in requests.iter().enumerate() {
-        let command = if r.read { Command::Read } else { Command::Write };
+        let command = match (r.read, r.status) {
+            (true, _) => Command::Read,
+            (false, true) => Command::BlockStatus,
+            (false, false) => Command::Write,
+        };
         c.sent(&RequestHeader { flags: 0, command, handle: i as u64 + 1, offset: r.offset, length: r.length })
             .expect("distinct handles within the bound");
     }
@@ -957,8 +964,23 @@ pub fn replies_run(
                 let r =
                     handle.checked_sub(1).and_then(|i| requests.get(i as usize)).expect("a reply to a request sent");
                 assert!(replies.iter().all(|(h, _)| *h != handle), "request {handle} answered twice");
-                if let Ok(data) = &reply {
-                    assert_eq!(data.len(), if r.read { r.length as usize } else { 0 }, "reply length of {handle}");
+                match &reply {
+                    Ok(data) if !r.read && r.status => {
+                        // Descriptors: at least one, at most MAX_EXTENTS, each non-empty, within the request.
+                        assert!(
+                            data.len().is_multiple_of(8) && (8..=8 * nbd::MAX_EXTENTS).contains(&data.len()),
+                            "{handle}"
+                        );
+                        let total: u64 = nbd::status_descriptors(data)
+                            .inspect(|&(len, _)| assert!(len > 0, "an empty descriptor for {handle}"))
+                            .map(|(len, _)| u64::from(len))
+                            .sum();
+                        assert!(total <= u64::from(r.length), "descriptors beyond request {handle}");
+                    }
+                    Ok(data) => {
+                        assert_eq!(data.len(), if r.read { r.length as usize } else { 0 }, "reply length of {handle}")
+                    }
+                    Err(_) => {}
                 }
                 replies.push((handle, reply));
             }
@@ -968,7 +990,7 @@ pub fn replies_run(
 
 /// Decodes `data` as this harness lays it out: byte 0 (bit 0 structured replies, bits
 /// 1-3 one to eight requests, bits 4-7 how to split), three bytes per request (bit 0 of the first: a
-/// READ; then its length, big-endian u16; request i is at offset i * 65,536), then what the server sends.
+/// READ, else bit 1: a BLOCK_STATUS, else a WRITE; then its length, big-endian u16; request i is at offset i * 65,536), then what the server sends.
 /// Panics if a contract is broken (module comment).
 pub fn client_replies(data: &[u8]) {
     let Some((&head, rest)) = data.split_first() else { return };
@@ -981,6 +1003,7 @@ pub fn client_replies(data: &[u8]) {
         .enumerate()
         .map(|(i, b)| SentRequest {
             read: b[0] & 1 == 1,
+            status: b[0] & 2 == 2,
             offset: i as u64 * 65_536,
             length: u16::from_be_bytes([b[1], b[2]]) as u32,
         })

@@ -875,3 +875,145 @@ fn a_selected_context_holds_for_the_go_of_its_export_only() {
     assert_eq!(r.unwrap().1, ServerProgress::Done(want));
     assert!(replies_of(&out).iter().all(|(_, reply, _)| *reply != REP_META_CONTEXT));
 }
+
+/// The server's bytes of a handshake up to NBD_OPT_GO's ACK as a plain NBD server with structured replies
+/// and metadata contexts sends them: the greeting, `structured`'s reply to NBD_OPT_STRUCTURED_REPLY, then
+/// `meta` (the replies to NBD_OPT_SET_META_CONTEXT, if it is asked), then GO's NBD_INFO_EXPORT and ACK.
+fn meta_server_bytes(structured: u32, meta: &[(u32, Vec<u8>)]) -> Vec<u8> {
+    let mut input = NBDMAGIC.to_be_bytes().to_vec();
+    input.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    input.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    option_reply(&mut input, OPT_STRUCTURED_REPLY, structured, &[]);
+    for (reply, data) in meta {
+        option_reply(&mut input, OPT_SET_META_CONTEXT, *reply, data);
+    }
+    let mut export = INFO_EXPORT.to_be_bytes().to_vec();
+    export.extend_from_slice(&(1u64 << 20).to_be_bytes());
+    export.extend_from_slice(&(TFLAG_HAS_FLAGS | TFLAG_SEND_DF).to_be_bytes());
+    option_reply(&mut input, OPT_GO, REP_INFO, &export);
+    option_reply(&mut input, OPT_GO, REP_ACK, &[]);
+    input
+}
+
+/// An NBD_REP_META_CONTEXT reply's data: the id, then the name.
+fn meta_context_reply(id: u32, name: &str) -> (u32, Vec<u8>) {
+    let mut d = id.to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    (REP_META_CONTEXT, d)
+}
+
+/// Feeds `input` to a client asking for `base:allocation` in two pieces cut at `cut` (then the rest,
+/// byte by byte from there if it still needs more): its end, the bytes it wrote, and the context id.
+fn meta_client(input: &[u8], cut: usize) -> (Result<ClientProgress, ProtoError>, Vec<u8>, Option<u32>) {
+    let mut c = ClientHandshake::new("rd", true).with_meta_context(BASE_ALLOCATION);
+    let (mut out, mut have, mut at) = (Vec::new(), Vec::new(), 0);
+    let mut next = cut.max(1);
+    loop {
+        match c.feed(&have, &mut out) {
+            Ok((used, ClientProgress::NeedMore)) => {
+                have.drain(..used);
+                if at >= input.len() {
+                    return (Ok(ClientProgress::NeedMore), out, c.meta_context());
+                }
+                let end = next.min(input.len());
+                have.extend_from_slice(&input[at..end]);
+                at = end;
+                next = at + 1;
+            }
+            Ok((_, p)) => return (Ok(p), out, c.meta_context()),
+            Err(e) => return (Err(e), out, c.meta_context()),
+        }
+    }
+}
+
+/// A client asking for `base:allocation` (`with_meta_context`): NBD_OPT_SET_META_CONTEXT for the export
+/// between STRUCTURED_REPLY and GO, byte-exact; the id of the context named as asked is kept (another
+/// context's reply skipped), whatever the cut of the server's bytes; none if the server selects none,
+/// refuses the option, or refuses structured replies (then no SET is sent). Seen failing without
+/// `with_meta_context` (it did not exist: the client sent GO right after STRUCTURED_REPLY).
+#[test]
+fn a_client_asks_for_base_allocation_and_keeps_its_id() {
+    let input = meta_server_bytes(
+        REP_ACK,
+        &[meta_context_reply(7, "base:allocation"), meta_context_reply(9, "qemu:x"), (REP_ACK, vec![])],
+    );
+    let mut want_out = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes().to_vec();
+    option_request(&mut want_out, OPT_STRUCTURED_REPLY, &[]);
+    let mut set = 2u32.to_be_bytes().to_vec();
+    set.extend_from_slice(b"rd");
+    set.extend_from_slice(&1u32.to_be_bytes());
+    set.extend_from_slice(&15u32.to_be_bytes());
+    set.extend_from_slice(b"base:allocation");
+    option_request(&mut want_out, OPT_SET_META_CONTEXT, &set);
+    let mut go = 2u32.to_be_bytes().to_vec();
+    go.extend_from_slice(b"rd");
+    go.extend_from_slice(&1u16.to_be_bytes());
+    go.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    option_request(&mut want_out, OPT_GO, &go);
+    for cut in 0..=input.len() {
+        let (r, out, id) = meta_client(&input, cut);
+        assert!(matches!(r, Ok(ClientProgress::Ready { structured: true, .. })), "cut {cut}: {r:?}");
+        assert_eq!(out, want_out, "cut {cut}: the client's bytes");
+        assert_eq!(id, Some(7), "cut {cut}");
+    }
+    // No context selected (only the ACK), the option refused, or structured replies refused: none, and the
+    // export opens all the same.
+    for (structured, meta, sets) in [
+        (REP_ACK, vec![(REP_ACK, vec![])], true),
+        (REP_ACK, vec![meta_context_reply(3, "base:allocationX"), (REP_ACK, vec![])], true),
+        (REP_ACK, vec![(REP_ERR_UNSUP, b"no".to_vec())], true),
+        (REP_ERR_UNSUP, vec![], false),
+    ] {
+        let (r, out, id) = meta_client(&meta_server_bytes(structured, &meta), 0);
+        assert!(matches!(r, Ok(ClientProgress::Ready { .. })), "{meta:?}: {r:?}");
+        assert_eq!(id, None, "{meta:?}");
+        let sent = options(&out).iter().any(|(o, _)| *o == OPT_SET_META_CONTEXT);
+        assert_eq!(sent, sets, "{meta:?}: SET_META_CONTEXT sent");
+    }
+}
+
+/// Replies to NBD_OPT_SET_META_CONTEXT that break the protocol, each named: one shorter than its context
+/// id, a second for the context asked for, an unknown non-error type, another option's.
+#[test]
+fn malformed_meta_context_replies_are_named() {
+    let ok = meta_context_reply(7, "base:allocation");
+    for (meta, want) in [
+        (vec![(REP_META_CONTEXT, vec![0, 0, 7])], "NBD_REP_META_CONTEXT shorter than its context id"),
+        (vec![ok.clone(), meta_context_reply(8, "base:allocation")], "a second NBD_REP_META_CONTEXT for the context"),
+        (vec![ok.clone(), (REP_INFO, vec![0, 0])], "an unknown reply to NBD_OPT_SET_META_CONTEXT"),
+    ] {
+        let (r, _, _) = meta_client(&meta_server_bytes(REP_ACK, &meta), 0);
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    // GO's replies where SET_META_CONTEXT's are awaited.
+    let (r, _, _) = meta_client(&meta_server_bytes(REP_ACK, &[]), 0);
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("a reply to another option than NBD_OPT_SET_META_CONTEXT"), "{e}");
+}
+
+/// Against Rein's own server handshake: the flagged export gets `base:allocation` with its id, an export
+/// not flagged opens with none.
+#[test]
+fn a_client_meets_the_server_on_base_allocation() {
+    for (export, id) in [("rd", Some(BASE_ALLOCATION_ID)), ("ro", None)] {
+        let mut to_client = Vec::new();
+        let mut server = ServerHandshake::new(exports(), &mut to_client);
+        server.set_block_status(vec![true, false]);
+        let mut client = ClientHandshake::new(export, true).with_meta_context(BASE_ALLOCATION);
+        let (mut to_server, mut server_done) = (Vec::new(), false);
+        let progress = loop {
+            let (used, p) = client.feed(&to_client, &mut to_server).unwrap();
+            to_client.drain(..used);
+            if p != ClientProgress::NeedMore {
+                break p;
+            }
+            assert!(!server_done, "the server finished with the client waiting");
+            let (used, sp) = server.feed(&to_server, &mut to_client).unwrap();
+            to_server.drain(..used);
+            server_done = sp != ServerProgress::NeedMore;
+        };
+        assert!(matches!(progress, ClientProgress::Ready { structured: true, .. }), "{progress:?}");
+        assert_eq!(client.meta_context(), id, "{export}");
+    }
+}

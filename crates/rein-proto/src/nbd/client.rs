@@ -8,7 +8,8 @@
 //! complete, that request's [`ClientReply`]. With structured replies a READ's answer may come in several
 //! chunks (OFFSET_DATA at offsets within the request, OFFSET_HOLE for zeroes, ERROR or ERROR_OFFSET for a
 //! failure, NONE to end), as qemu-nbd and nbdkit send them; the decoder assembles them into one buffer
-//! and completes the request at the chunk with NBD_REPLY_FLAG_DONE.
+//! and completes the request at the chunk with NBD_REPLY_FLAG_DONE. A BLOCK_STATUS's answer is the
+//! NBD_REPLY_TYPE_BLOCK_STATUS chunk of the metadata context the handshake selected (invariant 5).
 //!
 //! # Invariants
 //! 1. Each request sent is completed at most once; a reply is never completed for a handle not sent (a
@@ -27,6 +28,16 @@
 //!    (the spec's MUST NOT), adding up to its length.
 //! 4. The same replies come out however the bytes are split (the decoder is resumable: it consumes
 //!    nothing until a whole header, and a whole chunk or simple reply with its data, is there).
+//! 5. A BLOCK_STATUS ([`ClientTransmission::set_meta_context`]: the id the handshake's
+//!    NBD_OPT_SET_META_CONTEXT got) is answered by one NBD_REPLY_TYPE_BLOCK_STATUS chunk of that context
+//!    (chunks of other context ids are skipped, as the spec has a client do; a second one of that
+//!    context, none by the DONE flag, or a simple reply without error is a protocol error). The chunk's
+//!    length is judged from its header: a context id and whole descriptors, at least one and at most
+//!    [`MAX_STATUS_CHUNK_DESCRIPTORS`] (qemu-nbd's own cap, 1 MiB), so a hostile server cannot make the
+//!    client wait for or buffer more. Each descriptor is at least one byte; together they stay within the
+//!    request (a descriptor starting at or past its end is an error; the last may run past it, as the
+//!    newer spec allows, and is cut at the end). Of them the first [`MAX_EXTENTS`] are kept (the prefix
+//!    of the range they describe), the reply being their wire bytes.
 //!
 //! # Deviations
 //! A simple reply is accepted for any request, also a READ after structured replies were negotiated (the
@@ -35,8 +46,8 @@
 
 use super::{
     u16_at, u32_at, u64_at, Command, ProtoError, ReplyHeader, RequestHeader, StrayReply, CHUNK_HEADER_LEN,
-    MAX_ERROR_MESSAGE, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, REPLY_TYPE_ERROR_OFFSET, REPLY_TYPE_NONE,
-    REPLY_TYPE_OFFSET_DATA, REPLY_TYPE_OFFSET_HOLE, SIMPLE_REPLY_LEN,
+    MAX_ERROR_MESSAGE, MAX_EXTENTS, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, REPLY_TYPE_ERROR,
+    REPLY_TYPE_ERROR_OFFSET, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REPLY_TYPE_OFFSET_HOLE, SIMPLE_REPLY_LEN,
 };
 use std::collections::{BTreeMap, HashMap};
 
@@ -44,8 +55,20 @@ use std::collections::{BTreeMap, HashMap};
 /// merge into one piece, so a server sending its chunks in order never nears it).
 pub const MAX_READ_PIECES: usize = 65_536;
 
-/// A request's answer: a READ's data (empty for other commands), or the NBD error number the server
-/// answered.
+/// Most descriptors one NBD_REPLY_TYPE_BLOCK_STATUS chunk may carry on the wire (invariant 5): qemu-nbd's
+/// own cap (`NBD_MAX_BLOCK_STATUS_EXTENTS`, 1 MiB of descriptors), so a fragmented image's answer from it
+/// is read, not refused; of them the first [`MAX_EXTENTS`] are kept.
+pub const MAX_STATUS_CHUNK_DESCRIPTORS: usize = 131_072;
+
+/// The descriptors of a BLOCK_STATUS reply as [`ClientReply`] carries them: (length, flags) pairs,
+/// consecutive from the request's offset (module comment, invariant 5).
+pub fn status_descriptors(data: &[u8]) -> impl Iterator<Item = (u32, u32)> + '_ {
+    data.chunks_exact(8).map(|d| (u32_at(d, 0), u32_at(d, 4)))
+}
+
+/// A request's answer: a READ's data, a BLOCK_STATUS's descriptors for the selected context (8 bytes
+/// each, as on the wire: [`status_descriptors`] reads them), nothing for other commands; or the NBD error
+/// number the server answered.
 pub type ClientReply = Result<Vec<u8>, u32>;
 
 /// One outstanding request.
@@ -63,12 +86,19 @@ struct Outstanding {
     ranges: BTreeMap<u64, u64>,
     /// The first error a chunk reported.
     error: Option<u32>,
+    /// Bytes a BLOCK_STATUS asks about; 0 for other commands.
+    status_len: u32,
+    /// A BLOCK_STATUS's descriptors for the selected context (wire bytes, at most [`MAX_EXTENTS`]), once
+    /// its chunk came.
+    status: Option<Vec<u8>>,
 }
 
 /// The client's transmission state (module comment).
 #[derive(Debug)]
 pub struct ClientTransmission {
     structured: bool,
+    /// The id the server gave the metadata context asked for (NBD_REP_META_CONTEXT), if it selected one.
+    meta_context: Option<u32>,
     max_outstanding: usize,
     outstanding: HashMap<u64, Outstanding>,
     /// Entries of every outstanding request's `ranges` together (invariant 2).
@@ -111,6 +141,7 @@ impl ClientTransmission {
     pub fn new(structured: bool, max_outstanding: usize) -> ClientTransmission {
         ClientTransmission {
             structured,
+            meta_context: None,
             max_outstanding: max_outstanding.max(1),
             outstanding: HashMap::new(),
             pieces: 0,
@@ -118,6 +149,13 @@ impl ClientTransmission {
             highest: 0,
             consecutive: true,
         }
+    }
+
+    /// The metadata context the handshake selected ([`super::ClientHandshake::meta_context`]): a
+    /// BLOCK_STATUS is answered with the descriptors of the chunk with this id; chunks of other ids are
+    /// skipped (the spec's rule for contexts the client does not know).
+    pub fn set_meta_context(&mut self, id: Option<u32>) {
+        self.meta_context = id;
     }
 
     /// Requests sent and not yet answered.
@@ -146,6 +184,7 @@ impl ClientTransmission {
             }
         }
         let read_len = if req.command == Command::Read { req.length } else { 0 };
+        let status_len = if req.command == Command::BlockStatus { req.length } else { 0 };
         self.outstanding.insert(
             req.handle,
             Outstanding {
@@ -155,6 +194,8 @@ impl ClientTransmission {
                 covered: 0,
                 ranges: BTreeMap::new(),
                 error: None,
+                status_len,
+                status: None,
             },
         );
         Ok(())
@@ -205,6 +246,10 @@ impl ClientTransmission {
         match header {
             ReplyHeader::Simple { error, handle } => {
                 let o = self.outstanding.get(&handle).ok_or_else(|| self.stray(handle))?;
+                if error == 0 && o.status_len > 0 {
+                    // Its descriptors come only in a chunk (invariant 5).
+                    return Err(ProtoError::Malformed("block status answered with a simple reply"));
+                }
                 let len = if error == 0 { o.read_len as usize } else { 0 };
                 if buf.len() < n + len {
                     return Ok(ClientEvent::NeedMore { wanted: n + len });
@@ -226,7 +271,7 @@ impl ClientTransmission {
                     return Ok(ClientEvent::NeedMore { wanted: n + length });
                 }
                 let before = o.ranges.len();
-                apply_chunk(o, kind, &buf[n..n + length])?;
+                apply_chunk(o, kind, &buf[n..n + length], self.meta_context)?;
                 // A chunk adds at most one piece, and merging may remove up to two: `pieces` counts `before`.
                 self.pieces = self.pieces + o.ranges.len() - before;
                 if self.pieces > MAX_READ_PIECES {
@@ -239,6 +284,10 @@ impl ClientTransmission {
                 let o = self.complete(handle).expect("looked up above");
                 let reply = match o.error {
                     Some(e) => Err(e),
+                    None if o.status_len > 0 => match o.status {
+                        Some(descriptors) => Ok(descriptors),
+                        None => return Err(ProtoError::Malformed("block status reply without the context's chunk")),
+                    },
                     None if o.covered != o.read_len as u64 => {
                         return Err(ProtoError::Malformed("read reply that does not cover the request"))
                     }
@@ -252,6 +301,19 @@ impl ClientTransmission {
 
 /// Whether a chunk of `kind` may be `length` bytes long for request `o` (invariant 2).
 fn check_length(o: &Outstanding, kind: u16, length: usize) -> Result<(), ProtoError> {
+    if kind == REPLY_TYPE_BLOCK_STATUS {
+        // Invariant 5: a context id and whole descriptors, at least one, within the wire bound.
+        if o.status_len == 0 {
+            return Err(ProtoError::Malformed("block status chunk for a request that is not a block status"));
+        }
+        if length < 12 || !(length - 4).is_multiple_of(8) {
+            return Err(ProtoError::Malformed("block status chunk not a context id and whole descriptors"));
+        }
+        if (length - 4) / 8 > MAX_STATUS_CHUNK_DESCRIPTORS {
+            return Err(ProtoError::Malformed("block status chunk with more descriptors than a client takes"));
+        }
+        return Ok(());
+    }
     let ok = match kind {
         REPLY_TYPE_NONE => length == 0,
         REPLY_TYPE_OFFSET_DATA => o.read_len > 0 && length > 8 && length - 8 <= o.read_len as usize,
@@ -269,8 +331,44 @@ fn check_length(o: &Outstanding, kind: u16, length: usize) -> Result<(), ProtoEr
     }
 }
 
-/// Applies one whole chunk's payload to its request (invariant 3).
-fn apply_chunk(o: &mut Outstanding, kind: u16, payload: &[u8]) -> Result<(), ProtoError> {
+/// A BLOCK_STATUS chunk's payload (its length checked: a context id, then at least one whole descriptor)
+/// for request `o`, the selected context being `context` (invariant 5).
+fn apply_status(o: &mut Outstanding, payload: &[u8], context: Option<u32>) -> Result<(), ProtoError> {
+    if Some(u32_at(payload, 0)) != context {
+        // A context the client did not select: skipped, as the spec has a client do.
+        return Ok(());
+    }
+    if o.status.is_some() {
+        return Err(ProtoError::Malformed("a second block status chunk for the context"));
+    }
+    let want = o.status_len as u64;
+    let mut kept = Vec::with_capacity(8 * ((payload.len() - 4) / 8).min(MAX_EXTENTS));
+    let mut covered = 0u64;
+    for d in payload[4..].chunks_exact(8) {
+        let (len, flags) = (u32_at(d, 0), u32_at(d, 4));
+        if len == 0 {
+            return Err(ProtoError::Malformed("block status descriptor of length 0"));
+        }
+        if covered >= want {
+            return Err(ProtoError::Malformed("block status descriptors beyond the request's length"));
+        }
+        // The newer spec lets the last descriptor run past the request: it is cut at the request's end.
+        let len = (len as u64).min(want - covered) as u32;
+        covered += len as u64;
+        if kept.len() < 8 * MAX_EXTENTS {
+            kept.extend_from_slice(&len.to_be_bytes());
+            kept.extend_from_slice(&flags.to_be_bytes());
+        }
+    }
+    o.status = Some(kept);
+    Ok(())
+}
+
+/// Applies one whole chunk's payload to its request (invariants 3 and 5).
+fn apply_chunk(o: &mut Outstanding, kind: u16, payload: &[u8], context: Option<u32>) -> Result<(), ProtoError> {
+    if kind == REPLY_TYPE_BLOCK_STATUS {
+        return apply_status(o, payload, context);
+    }
     let place = |o: &mut Outstanding, at: u64, len: u64| -> Result<usize, ProtoError> {
         let start = at.checked_sub(o.offset).ok_or(ProtoError::Malformed("read chunk before the request's offset"))?;
         if len == 0 || start.saturating_add(len) > o.read_len as u64 {

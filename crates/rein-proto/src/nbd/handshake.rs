@@ -73,12 +73,20 @@
 //! # Client states
 
 //! ```text
-//! new() --greeting--> [STRUCTURED_REPLY sent --reply-->] GO sent --INFO*, ACK--> Ready
+//! new() --greeting--> [STRUCTURED_REPLY sent --reply-->] [SET_META_CONTEXT sent --META_CONTEXT*, ACK-->]
+//!                     GO sent --INFO*, ACK--> Ready
 //! with_node() --greeting--> REIN_NODE sent --REP_REIN_NODE--> GO sent --INFO*, ACK--> NodeReady
 //!                                           --error reply--> GO sent (NodeRefused) --INFO*, ACK--> Ready
 //! probe() --greeting--> INFO sent --INFO*, ACK or error--> INFO sent (next export) ... --> ABORT sent (Info)
 //! ```
-//! [`ClientHandshake`] asks for structured replies if wanted, then for the export with NBD_OPT_GO. With
+//! [`ClientHandshake`] asks for structured replies if wanted, then for the export with NBD_OPT_GO.
+//! With [`ClientHandshake::with_meta_context`] (and structured replies agreed) it asks for one metadata
+//! context (`base:allocation`) for the export with NBD_OPT_SET_META_CONTEXT in between: of the
+//! NBD_REP_META_CONTEXT replies it keeps the id of the one named as asked (a second such reply, or one
+//! shorter than its id, is a [`ProtoError`]; others are skipped, so what it holds is one id whatever the
+//! server sends, each reply within [`decode_option_reply`]'s bound) and goes on to GO at the ACK; an
+//! error reply selects nothing ([`ClientHandshake::meta_context`]: `None`) and GO follows all the same.
+//! The id holds for the GO of the same export (the spec's rule), which is the one this client opens. With
 //! [`ClientHandshake::with_node`] it sends [`OPT_REIN_NODE`] first; a refusal is reported
 //! ([`ClientProgress::NodeRefused`]) with GO already sent, so a caller that can do without the node
 //! protocol goes on feeding (plain NBD) and one that cannot closes.
@@ -113,6 +121,7 @@
 //! that the client would take as coming over TLS). A refusal is an error, never a fall-back to plain NBD.
 
 use super::*;
+use crate::nbd::meta::MetaOption;
 use crate::nbd::node::{
     NodeError, NodeHello, NodeWelcome, MAX_NODE_HELLOS, NODE_VERSION_BLOCK_STATUS, OPT_REIN_NODE, REP_REIN_NODE,
 };
@@ -789,6 +798,8 @@ enum CState {
     TlsUp,
     NodeReply,
     StructuredReply,
+    /// NBD_OPT_SET_META_CONTEXT sent ([`ClientHandshake::with_meta_context`]).
+    MetaReplies,
     GoReplies,
     Ready,
     /// [`ClientHandshake::probe`]'s answers came and NBD_OPT_ABORT went.
@@ -923,6 +934,9 @@ pub struct ClientHandshake {
     tls: bool,
     /// [`ClientHandshake::probe`]: NBD_OPT_INFO instead of GO for each export, then NBD_OPT_ABORT.
     probe: Option<Probing>,
+    /// [`ClientHandshake::with_meta_context`]: the context asked for, and the id the server gave it.
+    meta_query: Option<String>,
+    meta_id: Option<u32>,
 }
 
 impl ClientHandshake {
@@ -960,7 +974,25 @@ impl ClientHandshake {
             welcome: None,
             tls: false,
             probe: None,
+            meta_query: None,
+            meta_id: None,
         }
+    }
+
+    /// Asks for the metadata context `query` (`base:allocation`) with NBD_OPT_SET_META_CONTEXT for the
+    /// export, after structured replies and before GO (module comment); only if structured replies are
+    /// wanted (the option needs them) and the server agreed to them. Set it before the first `feed`.
+    /// Longer than [`MAX_NAME_LEN`], the query is not sent.
+    pub fn with_meta_context(mut self, query: &str) -> ClientHandshake {
+        self.meta_query = (query.len() <= MAX_NAME_LEN).then(|| query.to_string());
+        self
+    }
+
+    /// The id the server gave the context of [`ClientHandshake::with_meta_context`] (its
+    /// NBD_REP_META_CONTEXT), once it did; `None` if it selected none (or refused the option, or
+    /// structured replies).
+    pub fn meta_context(&self) -> Option<u32> {
+        self.meta_id
     }
 
     /// A client that only reads each of `exports`' information (size and transmission flags) with
@@ -1170,6 +1202,39 @@ impl ClientHandshake {
                     }
                     return Err(ProtoError::Malformed("data after the NBD_OPT_STARTTLS reply before TLS"));
                 }
+                CState::MetaReplies => {
+                    let Some((OptionReply { option, reply, data }, n)) = decode_option_reply(rest)? else {
+                        return Ok((used, ClientProgress::NeedMore));
+                    };
+                    used += n;
+                    if option != OPT_SET_META_CONTEXT {
+                        return Err(ProtoError::Malformed("a reply to another option than NBD_OPT_SET_META_CONTEXT"));
+                    }
+                    match reply {
+                        REP_META_CONTEXT => {
+                            if data.len() < 4 {
+                                return Err(ProtoError::Malformed("NBD_REP_META_CONTEXT shorter than its context id"));
+                            }
+                            // Only the context asked for is kept (one id: what the replies hold is bounded).
+                            if self.meta_query.as_deref().map(str::as_bytes) == Some(&data[4..]) {
+                                if self.meta_id.is_some() {
+                                    return Err(ProtoError::Malformed("a second NBD_REP_META_CONTEXT for the context"));
+                                }
+                                self.meta_id = Some(u32_at(data, 0));
+                            }
+                        }
+                        // The end of the list; or a refusal, which selects nothing (the export opens without
+                        // a context all the same).
+                        r if r == REP_ACK || r & (1 << 31) != 0 => {
+                            if r != REP_ACK {
+                                self.meta_id = None;
+                            }
+                            self.send_go(out);
+                            self.state = CState::GoReplies;
+                        }
+                        _ => return Err(ProtoError::Malformed("an unknown reply to NBD_OPT_SET_META_CONTEXT")),
+                    }
+                }
                 CState::StructuredReply | CState::GoReplies => {
                     let Some((OptionReply { option: opt, reply, data }, n)) = decode_option_reply(rest)? else {
                         return Ok((used, ClientProgress::NeedMore));
@@ -1190,8 +1255,19 @@ impl ClientHandshake {
                     }
                     if self.state == CState::StructuredReply {
                         self.structured = reply == REP_ACK;
-                        self.send_go(out);
-                        self.state = CState::GoReplies;
+                        match &self.meta_query {
+                            Some(query) if self.structured => {
+                                let queries = vec![query.as_bytes()];
+                                let mut d = Vec::new();
+                                MetaOption { export: self.export.clone(), queries }.encode(&mut d);
+                                option_request(out, OPT_SET_META_CONTEXT, &d);
+                                self.state = CState::MetaReplies;
+                            }
+                            _ => {
+                                self.send_go(out);
+                                self.state = CState::GoReplies;
+                            }
+                        }
                         continue;
                     }
                     match reply {

@@ -41,7 +41,9 @@ pub mod meta;
 pub mod node;
 pub mod transmission;
 
-pub use client::{ClientEvent, ClientReply, ClientTransmission, MAX_READ_PIECES};
+pub use client::{
+    status_descriptors, ClientEvent, ClientReply, ClientTransmission, MAX_READ_PIECES, MAX_STATUS_CHUNK_DESCRIPTORS,
+};
 pub use handshake::{
     decode_option_reply, option_reply, option_request, BlockSize, BlockSizeError, ClientHandshake, ClientProgress,
     Negotiated, OptionReply, Probed, ServerHandshake, ServerProgress, TlsMode, PROBE_EXPORTS_ANY_SERVER,
