@@ -142,14 +142,32 @@
 //! descriptors are mapped back to volume ranges, split at unit boundaries and merged where neighbours
 //! have equal flags ([`Stripe::volume_extents`]), and the answer is the prefix from the offset that
 //! every node's answer covers (at least one descriptor: each node answers at least one byte of its
-//! range), within [`p::MAX_EXTENTS`] descriptors (one with REQ_ONE). A node that cannot answer (a plain
-//! NBD session, a node below v4, a node down, an error, a malformed answer) has its part reported as
-//! data (flags 0), which is always true: a hole is reported only where a node reported one, and a copy
+//! range), within [`p::MAX_EXTENTS`] descriptors (one with REQ_ONE).
+//!
+//! A plain NBD node (its sessions up in plain NBD: qemu-nbd, nbdkit, a `rein serve` under `protocol =
+//! "nbd"`) is asked in standard NBD on a **status connection** of its own, per volume, since the pooled
+//! sessions negotiate no structured replies (their READs rely on simple replies) and stay as they are.
+//! It is opened at the first query for the node (`dial`, as a session's connection is made: its place,
+//! TLS, `connect_timeout`) with NBD_OPT_STRUCTURED_REPLY, NBD_OPT_SET_META_CONTEXT for the export and
+//! `base:allocation`, then NBD_OPT_GO; the query is one NBD_CMD_BLOCK_STATUS for the node's range,
+//! answered by the context's NBD_REPLY_TYPE_BLOCK_STATUS chunk (decoded by rein-proto's
+//! `ClientTransmission`: bounded, malformed answers a typed error). One query at a time per node and
+//! volume (a tokio mutex; a query waits at most `request_timeout` for it), each within
+//! `request_timeout`; the connection is kept for the next query, and dropped on a failure (an IO error, a
+//! malformed reply, the timeout, the query dropped by its front connection) or a reload that moves the
+//! node; after a failure it is dialled again at a query [`STATUS_REDIAL`] (1 s) later at the earliest. A
+//! node that selects no context (or refuses structured replies) keeps its connection unasked, its part
+//! data, until that connection ends. A node with no session up is not dialled. The volume's close drops
+//! the status connections. The status connection takes one more of a node's client slots per volume
+//! (qemu-nbd's `-e`), and is opened only by a front client's BLOCK_STATUS.
+//!
+//! A node that cannot answer (a node below v4, a node down, a plain node without the context, an error, a
+//! malformed answer) has its part reported as data (flags 0), which is always true: a hole is reported only where a node reported one, and a copy
 //! reads what it cannot skip (and meets the node's error there, if any). The query is not tagged
 //! through the tenant's tracker (it moves no data, and a node does not schedule it: its trailer has no
 //! phase). Its answer buffer is at most [`NODE_EXTENTS_MAX_LEN`] bytes per node, judged from the
 //! payload's count before its bytes are awaited; the front bounds how many run at once per connection
-//! (`crate::nbd::BLOCK_STATUS_AT_ONCE`). The queries count among the node's pieces.
+//! (`crate::nbd::BLOCK_STATUS_AT_ONCE`). The queries count among the node's pieces (a plain node's too).
 //!
 //! # Metrics
 //! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
@@ -175,7 +193,11 @@
 //!   most [`NODE_EXTENTS_MAX_LEN`] bytes (8 KiB; at most the volume's nodes, 256, so 2 MiB, outside the
 //!   byte budget, which charges the front's reply only), at most `crate::nbd::BLOCK_STATUS_AT_ONCE` of
 //!   them at once per front connection; the mapping takes one step per unit of the span (at most
-//!   [`STATUS_SPAN_UNITS`]) and per node descriptor.
+//!   [`STATUS_SPAN_UNITS`]) and per node descriptor. A plain NBD node's status connection ("Block
+//!   status"): one per node and volume, one query in flight on it, its input buffer at most one reply
+//!   chunk (judged from its header: at most [`p::MAX_STATUS_CHUNK_DESCRIPTORS`] descriptors, 1 MiB; of
+//!   them [`p::MAX_EXTENTS`] kept), each query within `request_timeout`, a dial after a failure at most
+//!   once per [`STATUS_REDIAL`].
 //! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
 //! - Checks of the node exports' flags ("Read-only node exports"): one task per node with an export
 //!   registered, one side connection at a time, each round trip within `connect_timeout` (a connection
@@ -695,6 +717,68 @@ struct NodeLink {
     target: Arc<Target>,
     conns: Vec<LinkHandle>,
     next: AtomicUsize,
+    /// A plain NBD node's status connection (module comment, "Block status"): one query at a time.
+    status: tokio::sync::Mutex<StatusLink>,
+}
+
+/// A plain NBD node's status connection, opened at the first query (module comment, "Block status").
+#[derive(Default)]
+struct StatusLink {
+    /// The connection while it is up, taken out for a query and put back after its answer: a query that
+    /// fails, times out or is dropped (its front connection gone) drops it, unread replies and all.
+    conn: Option<StatusSession>,
+    /// After a failure: no dial before then ([`STATUS_REDIAL`]).
+    not_before: Option<Instant>,
+}
+
+/// An open status connection.
+struct StatusSession {
+    stream: NbdStream,
+    input: Vec<u8>,
+    /// Its replies' decoder (structured replies, the context selected).
+    proto: p::ClientTransmission,
+    /// The id the node gave `base:allocation`; `None`: it selected none, and the connection is kept only
+    /// to remember so (its node's parts are data until it ends).
+    meta: Option<u32>,
+    next_handle: u64,
+    /// The node's route generation it was made at: a reload that moves the node ([`NodeRoute`]) drops it.
+    generation: u64,
+    /// Over TLS, its place among `[node_tls]`'s (kept for the revocation cut).
+    _registration: Option<crate::tls::Registration>,
+}
+
+/// How long a plain NBD node's status connection stays down after a failure before the next query dials
+/// it again (module comment, "Block status"): meanwhile its parts are data.
+pub const STATUS_REDIAL: Duration = Duration::from_secs(1);
+
+impl StatusSession {
+    /// One BLOCK_STATUS of `len` bytes at `offset`: the descriptors, or the node's error number (the
+    /// connection goes on); `Err(why)` breaks the connection.
+    async fn query(&mut self, offset: u64, len: u32) -> Result<Result<Vec<(u32, u32)>, u32>, String> {
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        let req = RequestHeader { flags: 0, command: Command::BlockStatus, handle, offset, length: len };
+        self.proto.sent(&req).map_err(|e| e.to_string())?;
+        let mut msg = Vec::with_capacity(p::REQUEST_LEN);
+        req.encode(&mut msg);
+        self.stream.write_all(&msg).await.map_err(|e| format!("write: {e}"))?;
+        loop {
+            match self.proto.decode(&self.input).map_err(|e| format!("the node's reply: {e}"))? {
+                p::ClientEvent::NeedMore { .. } => {
+                    let n = self.stream.read_buf(&mut self.input).await.map_err(|e| format!("read: {e}"))?;
+                    if n == 0 {
+                        return Err("the node closed the connection".into());
+                    }
+                }
+                p::ClientEvent::Chunk { used } => _ = self.input.drain(..used),
+                p::ClientEvent::Reply { used, reply, .. } => {
+                    // The only request outstanding: the decoder refuses a reply to any other.
+                    self.input.drain(..used);
+                    return Ok(reply.map(|d| p::status_descriptors(&d).collect()));
+                }
+            }
+        }
+    }
 }
 
 impl NodeLink {
@@ -712,6 +796,65 @@ impl NodeLink {
     /// The node takes FUA, as any of its connections that has been up says.
     fn takes_fua(&self) -> bool {
         self.conns.iter().any(|c| c.state.fua.load(Ordering::Relaxed))
+    }
+
+    /// The node is up in plain NBD: a connection of it has a session up, none speaks the storage-node
+    /// protocol (its block status goes to the status connection; module comment, "Block status").
+    fn plain_up(&self) -> bool {
+        let mut up = self.conns.iter().filter(|c| c.state.up.load(Ordering::Relaxed)).peekable();
+        up.peek().is_some() && up.all(|c| !c.state.storage_node.load(Ordering::Relaxed))
+    }
+
+    /// A plain NBD node's block status for its `len` bytes at `offset`, on its status connection (module
+    /// comment, "Block status"), within `request_timeout` (waiting for the connection included) plus the
+    /// dial's `connect_timeout`: the descriptors, or why there are none (the caller reports data).
+    async fn plain_status(&self, offset: u64, len: u32) -> Result<Vec<(u32, u32)>, String> {
+        let cfg = self.target.cfg;
+        let Ok(mut st) = tokio::time::timeout(cfg.request_timeout, self.status.lock()).await else {
+            return Err("the status connection is busy past request_timeout_s".into());
+        };
+        let generation = *self.target.node.route.generation.borrow();
+        let mut session = match st.conn.take().filter(|s| s.generation == generation) {
+            Some(s) => s,
+            None => {
+                if st.not_before.is_some_and(|t| Instant::now() < t) {
+                    return Err("the status connection failed within the last second".into());
+                }
+                let dialed = dial(&self.target.node, cfg.connect_timeout, Dial::Status(&self.target)).await;
+                match dialed {
+                    Ok(Dialed::Open(s)) => {
+                        let Session { stream, input, registration, meta, .. } = *s;
+                        let mut proto = p::ClientTransmission::new(true, 1);
+                        proto.set_meta_context(meta);
+                        let _registration = registration;
+                        StatusSession { stream, input, proto, meta, next_handle: 1, generation, _registration }
+                    }
+                    Ok(Dialed::Probed(_)) => return Err("a probe's answer to a status connection".into()),
+                    Err(e) => {
+                        st.not_before = Some(Instant::now() + STATUS_REDIAL);
+                        return Err(format!("status connection: {e}"));
+                    }
+                }
+            }
+        };
+        if session.meta.is_none() {
+            st.conn = Some(session);
+            return Err("the node selected no base:allocation context".into());
+        }
+        match tokio::time::timeout(cfg.request_timeout, session.query(offset, len)).await {
+            Ok(Ok(answer)) => {
+                st.conn = Some(session);
+                answer.map_err(|errno| format!("the node answered error {errno}"))
+            }
+            Ok(Err(why)) => {
+                st.not_before = Some(Instant::now() + STATUS_REDIAL);
+                Err(format!("status connection: {why}"))
+            }
+            Err(_) => {
+                st.not_before = Some(Instant::now() + STATUS_REDIAL);
+                Err("status connection: no answer within request_timeout_s".into())
+            }
+        }
     }
 
     /// The node answers block status: a connection of it is up in a storage-node session of v4 or later.
@@ -971,7 +1114,8 @@ impl RemoteVolume {
                 tasks.push(tokio::spawn(run_link(target.clone(), start, rx, state.clone())));
                 conns.push(LinkHandle { tx, slots: Arc::new(Semaphore::new(MAX_PENDING_PER_CONN)), state });
             }
-            let link = NodeLink { target: target.clone(), conns, next: AtomicUsize::new(0) };
+            let status = Default::default();
+            let link = NodeLink { target: target.clone(), conns, next: AtomicUsize::new(0), status };
             let min = u64::from(link.block().0);
             if !stripe.unit().is_multiple_of(min) {
                 // Every unit boundary off the node's blocks: requests crossing one fail with EINVAL there.
@@ -1005,6 +1149,12 @@ impl RemoteVolume {
     /// those still running (a node that is down, or slow to take the DISC).
     pub async fn close(&self, within: Duration) {
         self.closing.send_replace(true);
+        for link in self.links.iter().flatten() {
+            // The status connections close (one waiting for an answer closes as its query ends).
+            if let Ok(mut st) = link.status.try_lock() {
+                st.conn = None;
+            }
+        }
         if let Some(checked) = &self.checked {
             // Its exports leave their nodes' checks.
             checked.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -1175,12 +1325,23 @@ impl RemoteVolume {
         let ranges = self.stripe.node_ranges(offset, span);
         let mut answers: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.stripe.nodes()];
         let mut asked = Vec::with_capacity(ranges.len());
+        // Plain NBD nodes up: asked on their status connections, at once with the others.
+        let mut plain = Vec::new();
         for &(node, node_offset, len) in &ranges {
             let data = vec![(len, 0)];
-            let Some(link) = self.links[node].as_ref().filter(|l| l.answers_status()) else {
+            let Some(link) = self.links[node].as_ref() else {
                 answers[node] = data;
                 continue;
             };
+            if !link.answers_status() {
+                if link.plain_up() {
+                    link.target.stats.pieces.fetch_add(1, Ordering::Relaxed);
+                    plain.push(async move { (node, len, link.plain_status(node_offset, len).await) });
+                } else {
+                    answers[node] = data;
+                }
+                continue;
+            }
             let (tx, rx) = tokio::sync::oneshot::channel();
             let done: Done = Box::new(move |result, _| _ = tx.send(result));
             let gather = Gather::new(vec![0; NODE_EXTENTS_MAX_LEN], done, None);
@@ -1191,8 +1352,24 @@ impl RemoteVolume {
             gather.release();
             asked.push((node, len, rx));
         }
-        for (node, len, rx) in asked {
-            let answer = match rx.await {
+        let plain = futures_util::future::join_all(plain);
+        let v4 = async {
+            let mut got = Vec::with_capacity(asked.len());
+            for (node, len, rx) in asked {
+                got.push((node, len, rx.await));
+            }
+            got
+        };
+        let (plain, v4) = tokio::join!(plain, v4);
+        for (node, len, answer) in plain {
+            answers[node] = answer.unwrap_or_else(|why| {
+                let node = self.links[node].as_ref().map_or("?", |l| l.target.node.name.as_str());
+                tracing::debug!(node, volume = %self.name, %why, "block status: the node's part is reported as data");
+                vec![(len, 0)]
+            });
+        }
+        for (node, len, rx) in v4 {
+            let answer = match rx {
                 Ok(Ok(buf)) => node_extents_len(&buf)
                     .and_then(|n| decode_node_extents(&buf[..n.unwrap_or(0)], len))
                     .map_err(|e| e.to_string()),
@@ -1749,6 +1926,8 @@ struct Session {
     /// The export's size, as the handshake gave it (fixed for the session): a volume grown past it ends
     /// the session ([`RemoteVolume::grow`]).
     size: u64,
+    /// On a status connection ([`Dial::Status`]): the id the node gave `base:allocation`, if it selected it.
+    meta: Option<u32>,
 }
 
 /// What [`dial`] made.
@@ -1766,6 +1945,9 @@ enum Dial<'a> {
     Session(&'a Target),
     /// Only these exports' information ([`ClientHandshake::probe`]).
     Probe(&'a [String]),
+    /// A plain NBD status connection to this target's export: structured replies and `base:allocation`
+    /// (module comment, "Block status").
+    Status(&'a Target),
 }
 
 /// What a session's transmission flags say the node takes; `true` if it takes FLUSH but not FUA (the
@@ -1937,7 +2119,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
         let mut stream = NbdStream::Plain(stream);
         let hello = match how {
             // A probe states no tenant: the export's flags are the same to every client.
-            Dial::Probe(_) => None,
+            Dial::Probe(_) | Dial::Status(_) => None,
             Dial::Session(t) => match (&t.qos, place.protocol) {
                 (Some((tenant, _)), NodeProtocol::Rein | NodeProtocol::Auto) => {
                     let tenant = tenant.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -1954,10 +2136,11 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
             (Dial::Session(t), Some(h)) => ClientHandshake::with_node(&t.export, h)
                 .map_err(|e| ConnectError::Io(format!("the storage-node hello: {e}")))?,
             (Dial::Session(t), None) => ClientHandshake::new(&t.export, false),
+            (Dial::Status(t), _) => ClientHandshake::new(&t.export, true).with_meta_context(p::BASE_ALLOCATION),
         };
         // The least size a session's export must have (a probe opens none).
         let needed = match how {
-            Dial::Session(t) => t.needed.load(Ordering::Acquire),
+            Dial::Session(t) | Dial::Status(t) => t.needed.load(Ordering::Acquire),
             Dial::Probe(_) => 0,
         };
         if place.tls.is_some() {
@@ -2000,6 +2183,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
                         registration,
                         place,
                         size,
+                        meta: hs.meta_context(),
                     })));
                 }
                 ClientProgress::Info(answers) => {
@@ -2014,7 +2198,19 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
                     let slot = welcome.tenants.first().map(|g| g.slot);
                     let (boot, version) = (welcome.boot, welcome.version);
                     let block = hs.block_size();
-                    let s = Session { stream, input, flags, block, slot, boot, version, registration, place, size };
+                    let s = Session {
+                        stream,
+                        input,
+                        flags,
+                        block,
+                        slot,
+                        boot,
+                        version,
+                        registration,
+                        place,
+                        size,
+                        meta: None,
+                    };
                     return Ok(Dialed::Open(Box::new(s)));
                 }
                 ClientProgress::NodeRefused(reply, message) => {
@@ -2065,7 +2261,7 @@ async fn dial(node: &NodeSpec, connect_timeout: Duration, how: Dial<'_>) -> Resu
     let deadline = || {
         let since = match how {
             Dial::Probe(_) => Duration::from_nanos(answered_at.load(Ordering::Relaxed)),
-            Dial::Session(_) => Duration::ZERO,
+            Dial::Session(_) | Dial::Status(_) => Duration::ZERO,
         };
         // `connect_timeout` is at most an hour (the config's bound); this keeps the sum from overflowing.
         start + since + connect_timeout.min(Duration::from_secs(365 * 86_400))
@@ -3609,6 +3805,92 @@ mod tests {
         for offset in [1 << 20, (2 << 20) - 4096] {
             assert!(read_at(&volume, offset).await.is_ok(), "a READ at {offset}, past the old end");
         }
+    }
+
+    /// A fake plain NBD node on 127.0.0.155 offering `base:allocation` if `offers` (its answers: 8 KiB of
+    /// hole, then data); counts the connections it took and the BLOCK_STATUS it answered.
+    async fn plain_status_node(offers: bool) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        use rein_proto::nbd::{Extents, RequestKind, ServerTransmission, TransmissionConfig, STATE_HOLE, STATE_ZERO};
+        let listener = tokio::net::TcpListener::bind("127.0.0.155:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (conns, asked) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (c, a) = (conns.clone(), asked.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else { return };
+                c.fetch_add(1, Ordering::Relaxed);
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let info = crate::testkit::export_v();
+                    let Some((n, mut buf)) = crate::testkit::serve_handshake_with(&mut s, &info, None, 0, offers).await
+                    else {
+                        return;
+                    };
+                    let config = TransmissionConfig {
+                        base_allocation: n.base_allocation,
+                        ..TransmissionConfig::new(&info, &n, 1 << 20)
+                    };
+                    let mut machine = ServerTransmission::new(config);
+                    while let Some(request) = crate::testkit::next_request(&mut s, &mut machine, &mut buf).await {
+                        let mut reply = Vec::new();
+                        if let RequestKind::BlockStatus { .. } = request.kind {
+                            a.fetch_add(1, Ordering::Relaxed);
+                            let mut e = Extents::new(&request);
+                            e.push(8 << 10, STATE_HOLE | STATE_ZERO);
+                            e.push(u64::MAX, 0);
+                            e.encode(request.handle, &mut reply);
+                        } else {
+                            reply = vec![0; machine.replies().headroom(&request) + request.length as usize];
+                            machine.replies().success(&request, &mut reply);
+                        }
+                        if s.write_all(&reply).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, conns, asked)
+    }
+
+    /// A volume over two plain NBD nodes (widths 1 and 1, 4 KiB units): node a offers `base:allocation`
+    /// and is asked on its status connection (one, opened at the first query and kept: two connections
+    /// in all with the pooled one), its holes reported; node b selects no context, so it is never asked
+    /// and its units are data. Seen failing without the status connection (a's units reported as data).
+    #[tokio::test]
+    async fn a_plain_nodes_block_status_comes_from_its_status_connection() {
+        use rein_proto::nbd::{Extents, Request, RequestKind, STATE_HOLE, STATE_ZERO};
+        const HOLE: u32 = STATE_HOLE | STATE_ZERO;
+        let (a, a_conns, a_asked) = plain_status_node(true).await;
+        let (b, b_conns, b_asked) = plain_status_node(false).await;
+        let nodes: Vec<NodeSpec> =
+            [("a", a), ("b", b)].into_iter().map(|(name, a)| node_spec(name, a, NodeProtocol::Nbd)).collect();
+        let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(10)) };
+        let stripe = Stripe::new(4096, &[1, 1]).unwrap();
+        let exports = vec!["v".to_string(), "v".to_string()];
+        let volume = RemoteVolume::open("v", 64 << 10, stripe, &nodes, &exports, None, cfg).await.unwrap();
+        let request = Request {
+            handle: 1,
+            kind: RequestKind::BlockStatus { one: false },
+            offset: 0,
+            length: 64 << 10,
+            fua: false,
+            no_hole: false,
+            tag: None,
+        };
+        let k = 4096u32;
+        // a's first two units (volume units 0 and 2) hole, the rest data.
+        let want = [(k, HOLE), (k, 0), (k, HOLE), (13 * k, 0)];
+        for round in 0..2 {
+            let mut e = Extents::new(&request);
+            volume.block_status(&mut e).await;
+            assert_eq!(e.descriptors(), want, "round {round}");
+        }
+        assert_eq!(a_asked.load(Ordering::Relaxed), 2, "a asked once per request");
+        assert_eq!(a_conns.load(Ordering::Relaxed), 2, "a: the session and one status connection, kept");
+        assert_eq!(b_asked.load(Ordering::Relaxed), 0, "b selected no context: never asked");
+        assert_eq!(b_conns.load(Ordering::Relaxed), 2, "b: the session and one status connection, kept");
+        volume.close(Duration::from_secs(1)).await;
     }
 
     /// A node spec of `name` at `addr` speaking `protocol`, without TLS.

@@ -52,9 +52,21 @@ pub(crate) async fn serve_handshake_clearing(
     welcome: Option<&(dyn Fn(&NodeHello) -> NodeWelcome + Sync)>,
     clear: u16,
 ) -> Option<(Negotiated, Vec<u8>)> {
+    serve_handshake_with(s, info, welcome, clear, false).await
+}
+
+/// [`serve_handshake_clearing`], the export offering `base:allocation` if `block_status`.
+pub(crate) async fn serve_handshake_with(
+    s: &mut TcpStream,
+    info: &ExportInfo,
+    welcome: Option<&(dyn Fn(&NodeHello) -> NodeWelcome + Sync)>,
+    clear: u16,
+    block_status: bool,
+) -> Option<(Negotiated, Vec<u8>)> {
     let mut out = Vec::new();
     let mut hs = ServerHandshake::new(vec![info.clone()], &mut out);
     hs.set_node(welcome.is_some());
+    hs.set_block_status(vec![block_status]);
     s.write_all(&out).await.unwrap();
     let mut buf = Vec::new();
     loop {
