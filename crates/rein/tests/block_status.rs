@@ -2,8 +2,9 @@
 //! map as nbdinfo and qemu-img see it (the extents expected from what the test wrote, rounded to the file
 //! system's block), nbdcopy reading only the data, a memory export's unwritten pages as holes,
 //! BLOCK_STATUS without a context refused with EINVAL on a connection that goes on, and a gateway
-//! volume's map from its nodes' (storage-node protocol v4; a plain NBD node's part as data), and floods
-//! of it held to the caps on lookups a connection and the server run at once.
+//! volume's map from its nodes' (storage-node protocol v4; a plain NBD node's, `rein serve` or qemu-nbd,
+//! over its status connection), and floods of it held to the caps on lookups a connection and the server
+//! run at once.
 mod common;
 
 use common::{local, metrics, nbdsh, run_ok, series_value, serve_in, tmpdir, tool, Rein, Server};
@@ -280,31 +281,147 @@ fn a_gateway_volume_maps_and_copies_as_its_nodes_extents() {
 }
 
 /// A volume over a storage node (v4) and a plain NBD session (`protocol = "nbd"`, the same kind of
-/// node spoken to without the option): the plain node's units are reported as data (it is not asked),
-/// the storage node's as it answers (holes where nothing was written).
+/// node spoken to without the option, which offers `base:allocation` over structured replies): the plain
+/// node is asked on its status connection, so its holes are reported as the storage node's are (holes
+/// where nothing was written). Before, the plain node was not asked and its units were reported as data
+/// (seen failing so: s2's units data, holes and data alternating unit by unit).
 #[test]
-fn a_plain_nbd_nodes_units_are_reported_as_data() {
+fn a_plain_nbd_nodes_holes_are_reported_too() {
     let tmp = tmpdir("block-status-gateway-mixed");
     let dir = tmp.path();
-    let nodes = [block_node(dir, 107), block_node(dir, 108)];
+    let nodes = [block_node(dir, 155), block_node(dir, 156)];
     let text = format!(
         "{}\nrequest_timeout_s = 5\nconnect_timeout_s = 5\n[[nodes]]\nname = \"s1\"\naddress = \"{}\"\n\
          protocol = \"rein\"\n[[nodes]]\nname = \"s2\"\naddress = \"{}\"\nprotocol = \"nbd\"\n[[tenants]]\n\
          name = \"c\"\n[[exports]]\nname = \"w\"\ntenant = \"c\"\nsize_mb = 32\nstripe_kb = 64\n",
-        local(111),
+        local(157),
         nodes[0].nbd,
         nodes[1].nbd
     );
     let gw = Rein::gateway(&common::write_file(dir, "gw.toml", &text)).start();
     nodes[0].wait_line("storage-node session granted");
     let uri = format!("nbd://{}/w", gw.nbd);
-    let runs = [(4 * MIB + 4096, 4096)];
+    // One run in s1's unit 64, one in s2's unit 129.
+    let runs = [(4 * MIB + 4096, 4096), (8 * MIB + 64 * 1024 + 512, 1000)];
     write_runs(&uri, &runs);
     let block = fs_block(dir);
-    // Widths 1 and 1: s2 (plain) holds the odd units.
-    let want = map_of(&runs, block, 32 * MIB, |unit_start| (unit_start / (64 * 1024)) % 2 == 1);
-    assert_eq!(want.len(), 512 + 2, "s1's units holes but where written, s2's data: {:?}", &want[..4]);
+    let want = map_of(&runs, block, 32 * MIB, |_| false);
+    assert_eq!(want.len(), 5, "two data runs, holes around them: {want:?}");
     assert_eq!(nbdinfo_map(&uri), want, "nbdinfo --map through the gateway");
+}
+
+/// qemu-nbd serving `file` as export `v` on `addr` (`-t`, `-e 4`: the gateway's session, its status
+/// connection and nbdinfo's or nbdcopy's own are below it), until dropped.
+fn qemu_node(file: &Path, addr: std::net::SocketAddr) -> common::KillOnDrop {
+    let port = addr.port().to_string();
+    let ip = addr.ip().to_string();
+    let args = ["-f", "raw", "-t", "-e", "4", "-x", "v", "-b", &ip, "-p", &port, file.to_str().unwrap()];
+    let child = std::process::Command::new("qemu-nbd")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let node = common::KillOnDrop(child);
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "qemu-nbd listens on {addr}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    node
+}
+
+/// A file's allocation as `qemu-img map --output=json` sees it: its `base:allocation` flags per
+/// 512-byte sector (data 0, a hole HOLE|ZERO = 3; allocated zeroes ZERO = 2).
+fn qemu_img_flags(file: &Path, size: u64) -> Vec<u32> {
+    let out = run_ok(tool("qemu-img").args(["map", "-f", "raw", "--output=json", file.to_str().unwrap()]));
+    let map: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mut flags = vec![u32::MAX; (size / 512) as usize];
+    for e in map.as_array().unwrap() {
+        let (start, length) = (e["start"].as_u64().unwrap(), e["length"].as_u64().unwrap());
+        assert!(start % 512 == 0 && length % 512 == 0, "{e}");
+        let f = u32::from(!e["data"].as_bool().unwrap()) | (u32::from(e["zero"].as_bool().unwrap()) << 1);
+        flags[(start / 512) as usize..((start + length) / 512) as usize].fill(f);
+    }
+    assert!(flags.iter().all(|&f| f != u32::MAX), "qemu-img map covers {}", file.display());
+    flags
+}
+
+/// A gateway volume over two real qemu-nbd nodes (plain NBD, widths 1 and 1 of 64 KiB units) over
+/// sparse raw images with known data runs: `nbdinfo --map` through the gateway lists what qemu itself
+/// reports of the images (`qemu-img map`, mapped unit by unit to the volume), and `nbdcopy` of the
+/// volume is equal to the images' data and reads about the data only (the gateway's READ bytes). Before,
+/// the qemu-nbd nodes were never asked: the map was one data extent, and the copy read all 32 MiB.
+#[test]
+fn a_volume_over_qemu_nbd_nodes_maps_and_copies_as_qemu_sees_its_images() {
+    if !common::installed("qemu-nbd") || !common::installed("qemu-img") {
+        eprintln!("skipped: qemu-nbd or qemu-img is not installed");
+        return;
+    }
+    let tmp = tmpdir("block-status-qemu-nbd");
+    let dir = tmp.path();
+    const UNIT: u64 = 64 * 1024;
+    // Node runs (offset, length, byte) in each 16 MiB image.
+    let images: [&[(u64, u64, u8)]; 2] = [
+        &[(0, 100 * 1024, b'a'), (5 * MIB + 4096, 8192, b'b'), (16 * MIB - 4096, 4096, b'c')],
+        &[(64 * 1024, 64 * 1024, b'd'), (9 * MIB + 512, 3000, b'e')],
+    ];
+    let mut files = Vec::new();
+    let mut nodes = Vec::new();
+    let mut text = format!("{}\nrequest_timeout_s = 5\nconnect_timeout_s = 5\n", local(159));
+    for (i, runs) in images.iter().enumerate() {
+        let file = dir.join(format!("q{i}.img"));
+        let f = std::fs::File::create(&file).unwrap();
+        f.set_len(16 * MIB).unwrap();
+        for &(offset, len, byte) in runs.iter() {
+            f.write_all_at(&vec![byte; len as usize], offset).unwrap();
+        }
+        f.sync_all().unwrap();
+        let addr = common::free_tcp("127.0.0.158");
+        nodes.push(qemu_node(&file, addr));
+        text.push_str(&format!("[[nodes]]\nname = \"q{i}\"\naddress = \"{addr}\"\nprotocol = \"nbd\"\n"));
+        files.push(file);
+    }
+    text.push_str(
+        "[[tenants]]\nname = \"c\"\n[[exports]]\nname = \"v\"\ntenant = \"c\"\nsize_mb = 32\nstripe_kb = 64\n",
+    );
+    let gw = Rein::gateway(&common::write_file(dir, "gw.toml", &text)).start();
+    let uri = format!("nbd://{}/v", gw.nbd);
+    // The volume's map from qemu's of the images: unit u at node u % 2, its unit u / 2.
+    let size = 32 * MIB;
+    let node_flags: Vec<Vec<u32>> = files.iter().map(|f| qemu_img_flags(f, 16 * MIB)).collect();
+    let mut want: Vec<(u64, u64, u32)> = Vec::new();
+    let mut data = 0;
+    for sector in 0..size / 512 {
+        let at = sector * 512;
+        let unit = at / UNIT;
+        let node_at = unit / 2 * UNIT + at % UNIT;
+        let f = node_flags[(unit % 2) as usize][(node_at / 512) as usize];
+        if f & 1 == 0 {
+            data += 512;
+        }
+        match want.last_mut() {
+            Some(last) if last.2 == f => last.1 += 512,
+            _ => want.push((at, 512, f)),
+        }
+    }
+    assert!(want.len() >= 9, "data runs and holes between: {want:?}");
+    assert_eq!(nbdinfo_map(&uri), want, "nbdinfo --map through the gateway, as qemu-img map of the images");
+
+    // nbdcopy to a sparse file: equal to the images' data, reading about the data only.
+    let copy = dir.join("copy.img");
+    std::fs::File::create(&copy).unwrap().set_len(size).unwrap();
+    run_ok(tool("nbdcopy").args([&uri, copy.to_str().unwrap()]));
+    let copied = std::fs::read(&copy).unwrap();
+    let contents: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    for unit in 0..size / UNIT {
+        let node_at = (unit / 2 * UNIT) as usize;
+        let from = &contents[(unit % 2) as usize][node_at..node_at + UNIT as usize];
+        assert!(copied[(unit * UNIT) as usize..((unit + 1) * UNIT) as usize] == *from, "unit {unit} copied");
+    }
+    let read = series_value(&metrics(gw.admin), "rein_gateway_read_bytes_total{export=\"v\"}") as u64;
+    assert!(read <= data + MIB, "nbdcopy read {read} bytes through the gateway for {data} bytes of data of 32 MiB");
+    drop(nodes);
 }
 
 /// 64 BLOCK_STATUS requests at once on one connection, each over 1,024 extents (4 KiB of data, 4 KiB of
