@@ -155,19 +155,23 @@
 //! volume (a tokio mutex; a query waits at most `request_timeout` for it), each within
 //! `request_timeout`; the connection is kept for the next query, and dropped on a failure (an IO error, a
 //! malformed reply, the timeout, the query dropped by its front connection) or a reload that moves the
-//! node; after a failure it is dialled again at a query [`STATUS_REDIAL`] (1 s) later at the earliest. A
+//! node; after a failure it is dialled again at a query [`STATUS_REDIAL`] (1 s) later at the earliest,
+//! the wait doubling with each failure in a row up to `reconnect_max_backoff` (a node whose dials wait
+//! out `connect_timeout`, such as a qemu-nbd with no client slot left, delays a front BLOCK_STATUS so
+//! ever more rarely), back to 1 s after an answer. A
 //! node that selects no context (or refuses structured replies) keeps its connection unasked, its part
 //! data, until that connection ends. A node with no session up is not dialled. The volume's close drops
 //! the status connections. The status connection takes one more of a node's client slots per volume
 //! (qemu-nbd's `-e`), and is opened only by a front client's BLOCK_STATUS.
 //!
 //! A node that cannot answer (a node below v4, a node down, a plain node without the context, an error, a
-//! malformed answer) has its part reported as data (flags 0), which is always true: a hole is reported only where a node reported one, and a copy
-//! reads what it cannot skip (and meets the node's error there, if any). The query is not tagged
-//! through the tenant's tracker (it moves no data, and a node does not schedule it: its trailer has no
-//! phase). Its answer buffer is at most [`NODE_EXTENTS_MAX_LEN`] bytes per node, judged from the
-//! payload's count before its bytes are awaited; the front bounds how many run at once per connection
-//! (`crate::nbd::BLOCK_STATUS_AT_ONCE`). The queries count among the node's pieces (a plain node's too).
+//! malformed answer) has its part reported as data (flags 0), which is always true: a hole is reported only
+//! where a node reported one, and a copy reads what it cannot skip (and meets the node's error there, if
+//! any). The query is not tagged through the tenant's tracker (it moves no data, and a node does not schedule
+//! it: its trailer has no phase). Its answer buffer is at most [`NODE_EXTENTS_MAX_LEN`] bytes per node,
+//! judged from the payload's count before its bytes are awaited; the front bounds how many run at once per
+//! connection (`crate::nbd::BLOCK_STATUS_AT_ONCE`). The queries count among the node's pieces (a plain node's
+//! too).
 //!
 //! # Metrics
 //! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
@@ -197,7 +201,7 @@
 //!   status"): one per node and volume, one query in flight on it, its input buffer at most one reply
 //!   chunk (judged from its header: at most [`p::MAX_STATUS_CHUNK_DESCRIPTORS`] descriptors, 1 MiB; of
 //!   them [`p::MAX_EXTENTS`] kept), each query within `request_timeout`, a dial after a failure at most
-//!   once per [`STATUS_REDIAL`].
+//!   once per [`STATUS_REDIAL`] (doubling to `reconnect_max_backoff`).
 //! - The front's own bounds (requests per connection, byte budget) bound the requests, hence the gathers.
 //! - Checks of the node exports' flags ("Read-only node exports"): one task per node with an export
 //!   registered, one side connection at a time, each round trip within `connect_timeout` (a connection
@@ -727,8 +731,22 @@ struct StatusLink {
     /// The connection while it is up, taken out for a query and put back after its answer: a query that
     /// fails, times out or is dropped (its front connection gone) drops it, unread replies and all.
     conn: Option<StatusSession>,
-    /// After a failure: no dial before then ([`STATUS_REDIAL`]).
+    /// After a failure: no dial before then.
     not_before: Option<Instant>,
+    /// The wait after the next failure: [`STATUS_REDIAL`] at first and after a query answered, doubling
+    /// with each failure in a row up to the link's `reconnect_max_backoff` (a node whose every dial
+    /// waits out `connect_timeout`, such as a qemu-nbd with no client slot left, costs a front
+    /// BLOCK_STATUS that wait ever more rarely).
+    backoff: Option<Duration>,
+}
+
+impl StatusLink {
+    /// A failure: no dial for the backoff, which doubles (up to `max`).
+    fn failed(&mut self, max: Duration) {
+        let backoff = self.backoff.unwrap_or(STATUS_REDIAL);
+        self.not_before = Some(Instant::now() + backoff);
+        self.backoff = Some((backoff * 2).min(max.max(STATUS_REDIAL)));
+    }
 }
 
 /// An open status connection.
@@ -747,8 +765,8 @@ struct StatusSession {
     _registration: Option<crate::tls::Registration>,
 }
 
-/// How long a plain NBD node's status connection stays down after a failure before the next query dials
-/// it again (module comment, "Block status"): meanwhile its parts are data.
+/// How long a plain NBD node's status connection stays down after a failure at least before the next query
+/// dials it again (module comment, "Block status"; `StatusLink`'s backoff): meanwhile its parts are data.
 pub const STATUS_REDIAL: Duration = Duration::from_secs(1);
 
 impl StatusSession {
@@ -818,7 +836,7 @@ impl NodeLink {
             Some(s) => s,
             None => {
                 if st.not_before.is_some_and(|t| Instant::now() < t) {
-                    return Err("the status connection failed within the last second".into());
+                    return Err("the status connection failed lately (backing off)".into());
                 }
                 let dialed = dial(&self.target.node, cfg.connect_timeout, Dial::Status(&self.target)).await;
                 match dialed {
@@ -831,7 +849,7 @@ impl NodeLink {
                     }
                     Ok(Dialed::Probed(_)) => return Err("a probe's answer to a status connection".into()),
                     Err(e) => {
-                        st.not_before = Some(Instant::now() + STATUS_REDIAL);
+                        st.failed(cfg.max_backoff);
                         return Err(format!("status connection: {e}"));
                     }
                 }
@@ -844,14 +862,15 @@ impl NodeLink {
         match tokio::time::timeout(cfg.request_timeout, session.query(offset, len)).await {
             Ok(Ok(answer)) => {
                 st.conn = Some(session);
+                st.backoff = None;
                 answer.map_err(|errno| format!("the node answered error {errno}"))
             }
             Ok(Err(why)) => {
-                st.not_before = Some(Instant::now() + STATUS_REDIAL);
+                st.failed(cfg.max_backoff);
                 Err(format!("status connection: {why}"))
             }
             Err(_) => {
-                st.not_before = Some(Instant::now() + STATUS_REDIAL);
+                st.failed(cfg.max_backoff);
                 Err("status connection: no answer within request_timeout_s".into())
             }
         }
@@ -3808,8 +3827,9 @@ mod tests {
     }
 
     /// A fake plain NBD node on 127.0.0.155 offering `base:allocation` if `offers` (its answers: 8 KiB of
-    /// hole, then data); counts the connections it took and the BLOCK_STATUS it answered.
-    async fn plain_status_node(offers: bool) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    /// hole, then data; with `malformed`, a simple reply without error instead, which breaks the
+    /// protocol); counts the connections it took and the BLOCK_STATUS it answered.
+    async fn plain_status_node(offers: bool, malformed: bool) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         use rein_proto::nbd::{Extents, RequestKind, ServerTransmission, TransmissionConfig, STATE_HOLE, STATE_ZERO};
         let listener = tokio::net::TcpListener::bind("127.0.0.155:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -3835,6 +3855,11 @@ mod tests {
                         let mut reply = Vec::new();
                         if let RequestKind::BlockStatus { .. } = request.kind {
                             a.fetch_add(1, Ordering::Relaxed);
+                            if malformed {
+                                rein_proto::nbd::simple_reply(&mut reply, request.handle, 0);
+                                let _ = s.write_all(&reply).await;
+                                continue;
+                            }
                             let mut e = Extents::new(&request);
                             e.push(8 << 10, STATE_HOLE | STATE_ZERO);
                             e.push(u64::MAX, 0);
@@ -3861,8 +3886,8 @@ mod tests {
     async fn a_plain_nodes_block_status_comes_from_its_status_connection() {
         use rein_proto::nbd::{Extents, Request, RequestKind, STATE_HOLE, STATE_ZERO};
         const HOLE: u32 = STATE_HOLE | STATE_ZERO;
-        let (a, a_conns, a_asked) = plain_status_node(true).await;
-        let (b, b_conns, b_asked) = plain_status_node(false).await;
+        let (a, a_conns, a_asked) = plain_status_node(true, false).await;
+        let (b, b_conns, b_asked) = plain_status_node(false, false).await;
         let nodes: Vec<NodeSpec> =
             [("a", a), ("b", b)].into_iter().map(|(name, a)| node_spec(name, a, NodeProtocol::Nbd)).collect();
         let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(10)) };
@@ -3890,6 +3915,35 @@ mod tests {
         assert_eq!(a_conns.load(Ordering::Relaxed), 2, "a: the session and one status connection, kept");
         assert_eq!(b_asked.load(Ordering::Relaxed), 0, "b selected no context: never asked");
         assert_eq!(b_conns.load(Ordering::Relaxed), 2, "b: the session and one status connection, kept");
+        volume.close(Duration::from_secs(1)).await;
+    }
+
+    /// A plain node whose answer breaks the protocol: its units are data, its status connection is
+    /// dropped, and the next query (within the second) reports data without dialling it again.
+    #[tokio::test]
+    async fn a_plain_nodes_broken_answer_drops_its_status_connection_for_a_while() {
+        use rein_proto::nbd::{Extents, Request, RequestKind};
+        let (a, conns, asked) = plain_status_node(true, true).await;
+        let nodes = vec![node_spec("a", a, NodeProtocol::Nbd)];
+        let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(10)) };
+        let stripe = Stripe::new(4096, &[1]).unwrap();
+        let volume = RemoteVolume::open("v", 64 << 10, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
+        let request = Request {
+            handle: 1,
+            kind: RequestKind::BlockStatus { one: false },
+            offset: 0,
+            length: 64 << 10,
+            fua: false,
+            no_hole: false,
+            tag: None,
+        };
+        for round in 0..2 {
+            let mut e = Extents::new(&request);
+            volume.block_status(&mut e).await;
+            assert_eq!(e.descriptors(), [(64 << 10, 0)], "round {round}: data");
+        }
+        assert_eq!(asked.load(Ordering::Relaxed), 1, "asked once: the second query did not dial");
+        assert_eq!(conns.load(Ordering::Relaxed), 2, "the session and one status connection");
         volume.close(Duration::from_secs(1)).await;
     }
 
