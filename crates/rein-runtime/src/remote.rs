@@ -154,8 +154,9 @@
 //! `ClientTransmission`: bounded, malformed answers a typed error). One query at a time per node and
 //! volume (a tokio mutex; a query waits at most `request_timeout` for it), each within
 //! `request_timeout`; the connection is kept for the next query, and dropped on a failure (an IO error, a
-//! malformed reply, the timeout, the query dropped by its front connection) or a reload that moves the
-//! node; after a failure it is dialled again at a query [`STATUS_REDIAL`] (1 s) later at the earliest,
+//! malformed reply, the timeout, the query dropped by its front connection), a reload that moves the
+//! node, or a growth of the volume past its export's size (`RemoteVolume::grow`: the next query dials
+//! anew, for the new size); after a failure it is dialled again at a query [`STATUS_REDIAL`] (1 s) later at the earliest,
 //! the wait doubling with each failure in a row up to `reconnect_max_backoff` (a node whose dials wait
 //! out `connect_timeout`, such as a qemu-nbd with no client slot left, delays a front BLOCK_STATUS so
 //! ever more rarely), back to 1 s after an answer. A
@@ -761,6 +762,9 @@ struct StatusSession {
     next_handle: u64,
     /// The node's route generation it was made at: a reload that moves the node ([`NodeRoute`]) drops it.
     generation: u64,
+    /// The export's size its handshake gave: a volume grown past it ([`RemoteVolume::grow`]) drops it (the
+    /// node would refuse a query past its end, and the new part would stay data).
+    size: u64,
     /// Over TLS, its place among `[node_tls]`'s (kept for the revocation cut).
     _registration: Option<crate::tls::Registration>,
 }
@@ -832,7 +836,8 @@ impl NodeLink {
             return Err("the status connection is busy past request_timeout_s".into());
         };
         let generation = *self.target.node.route.generation.borrow();
-        let mut session = match st.conn.take().filter(|s| s.generation == generation) {
+        let needed = self.target.needed.load(Ordering::Acquire);
+        let mut session = match st.conn.take().filter(|s| s.generation == generation && s.size >= needed) {
             Some(s) => s,
             None => {
                 if st.not_before.is_some_and(|t| Instant::now() < t) {
@@ -841,11 +846,11 @@ impl NodeLink {
                 let dialed = dial(&self.target.node, cfg.connect_timeout, Dial::Status(&self.target)).await;
                 match dialed {
                     Ok(Dialed::Open(s)) => {
-                        let Session { stream, input, registration, meta, .. } = *s;
+                        let Session { stream, input, registration, meta, size, .. } = *s;
                         let mut proto = p::ClientTransmission::new(true, 1);
                         proto.set_meta_context(meta);
                         let _registration = registration;
-                        StatusSession { stream, input, proto, meta, next_handle: 1, generation, _registration }
+                        StatusSession { stream, input, proto, meta, next_handle: 1, generation, size, _registration }
                     }
                     Ok(Dialed::Probed(_)) => return Err("a probe's answer to a status connection".into()),
                     Err(e) => {
@@ -3756,9 +3761,11 @@ mod tests {
 
     /// A plain NBD node on 127.0.0.113 whose export `v` has the size `size` holds at each handshake (a node
     /// whose image grows), answering READs within the session's size (past it: EINVAL, as the NBD spec
-    /// asks and `rein serve` does).
+    /// asks and `rein serve` does), and offering `base:allocation` (all of it a hole).
     async fn growing_node(size: Arc<AtomicU64>) -> SocketAddr {
-        use rein_proto::nbd::{Event, ExportInfo, ServerTransmission, TransmissionConfig};
+        use rein_proto::nbd::{
+            Event, ExportInfo, Extents, RequestKind, ServerTransmission, TransmissionConfig, STATE_HOLE, STATE_ZERO,
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.113:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -3766,8 +3773,15 @@ mod tests {
                 let Ok((mut s, _)) = listener.accept().await else { return };
                 let info = ExportInfo { size: size.load(Ordering::Acquire), ..crate::testkit::export_v() };
                 tokio::spawn(async move {
-                    let Some((n, mut buf)) = crate::testkit::serve_handshake(&mut s, &info, None).await else { return };
-                    let mut machine = ServerTransmission::new(TransmissionConfig::new(&info, &n, 1 << 20));
+                    let Some((n, mut buf)) = crate::testkit::serve_handshake_with(&mut s, &info, None, 0, true).await
+                    else {
+                        return;
+                    };
+                    let config = TransmissionConfig {
+                        base_allocation: n.base_allocation,
+                        ..TransmissionConfig::new(&info, &n, 1 << 20)
+                    };
+                    let mut machine = ServerTransmission::new(config);
                     loop {
                         let (used, event) = machine.feed(&buf).unwrap();
                         let reply = match event {
@@ -3776,6 +3790,15 @@ mod tests {
                                     return;
                                 }
                                 continue;
+                            }
+                            Event::Request { request, .. }
+                                if matches!(request.kind, RequestKind::BlockStatus { .. }) =>
+                            {
+                                let mut e = Extents::new(&request);
+                                e.push(u64::from(request.length), STATE_HOLE | STATE_ZERO);
+                                let mut r = Vec::new();
+                                e.encode(request.handle, &mut r);
+                                r
                             }
                             Event::Request { request, .. } => {
                                 let mut r = vec![0; machine.replies().headroom(&request) + request.length as usize];
@@ -3805,6 +3828,9 @@ mod tests {
     /// sent right after it is answered, not refused by a session of the old size. Before, `grow` only
     /// signalled the sessions and returned: the sessions were still those of the old size (seen failing
     /// at the first assertion), and such a READ reached one (EINVAL, 2 of 3 runs without that assertion).
+    /// The node's status connection (block status, opened before the growth for the old size) is made
+    /// again for the new size: the new part is reported as the node's hole, not as data (its EINVAL past
+    /// the old connection's end; seen failing so with the status connection kept).
     #[tokio::test]
     async fn a_grown_volume_serves_its_new_part_once_grow_returns() {
         let size = Arc::new(AtomicU64::new(1 << 20));
@@ -3814,6 +3840,19 @@ mod tests {
         let stripe = Stripe::new(4096, &[1]).unwrap();
         let volume = RemoteVolume::open("v", 1 << 20, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
         assert!(read_at(&volume, (1 << 20) - 4096).await.is_ok(), "the old end");
+        let status = |offset: u64| {
+            let volume = &volume;
+            async move {
+                use rein_proto::nbd::{Extents, Request, RequestKind};
+                let kind = RequestKind::BlockStatus { one: false };
+                let r = Request { handle: 1, kind, offset, length: 8192, fua: false, no_hole: false, tag: None };
+                let mut e = Extents::new(&r);
+                volume.block_status(&mut e).await;
+                e.descriptors().to_vec()
+            }
+        };
+        let hole = rein_proto::nbd::STATE_HOLE | rein_proto::nbd::STATE_ZERO;
+        assert_eq!(status(0).await, [(8192, hole)], "the status connection, opened for the old size");
         size.store(2 << 20, Ordering::Release);
         assert_eq!(volume.grow(2 << 20).await, ["g"]);
         let link = volume.links[0].as_ref().unwrap();
@@ -3824,6 +3863,7 @@ mod tests {
         for offset in [1 << 20, (2 << 20) - 4096] {
             assert!(read_at(&volume, offset).await.is_ok(), "a READ at {offset}, past the old end");
         }
+        assert_eq!(status(1 << 20).await, [(8192, hole)], "the new part's block status, from the node");
     }
 
     /// A fake plain NBD node on 127.0.0.155 offering `base:allocation` if `offers` (its answers: 8 KiB of
