@@ -3759,70 +3759,6 @@ mod tests {
         assert_eq!(status().await, want_b, "b's malformed payload: its units as data");
     }
 
-    /// A plain NBD node on 127.0.0.113 whose export `v` has the size `size` holds at each handshake (a node
-    /// whose image grows), answering READs within the session's size (past it: EINVAL, as the NBD spec
-    /// asks and `rein serve` does), and offering `base:allocation` (all of it a hole).
-    async fn growing_node(size: Arc<AtomicU64>) -> SocketAddr {
-        use rein_proto::nbd::{
-            Event, ExportInfo, Extents, RequestKind, ServerTransmission, TransmissionConfig, STATE_HOLE, STATE_ZERO,
-        };
-        let listener = tokio::net::TcpListener::bind("127.0.0.113:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut s, _)) = listener.accept().await else { return };
-                let info = ExportInfo { size: size.load(Ordering::Acquire), ..crate::testkit::export_v() };
-                tokio::spawn(async move {
-                    let Some((n, mut buf)) = crate::testkit::serve_handshake_with(&mut s, &info, None, 0, true).await
-                    else {
-                        return;
-                    };
-                    let config = TransmissionConfig {
-                        base_allocation: n.base_allocation,
-                        ..TransmissionConfig::new(&info, &n, 1 << 20)
-                    };
-                    let mut machine = ServerTransmission::new(config);
-                    loop {
-                        let (used, event) = machine.feed(&buf).unwrap();
-                        let reply = match event {
-                            Event::NeedMore { .. } => {
-                                if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
-                                    return;
-                                }
-                                continue;
-                            }
-                            Event::Request { request, .. }
-                                if matches!(request.kind, RequestKind::BlockStatus { .. }) =>
-                            {
-                                let mut e = Extents::new(&request);
-                                e.push(u64::from(request.length), STATE_HOLE | STATE_ZERO);
-                                let mut r = Vec::new();
-                                e.encode(request.handle, &mut r);
-                                r
-                            }
-                            Event::Request { request, .. } => {
-                                let mut r = vec![0; machine.replies().headroom(&request) + request.length as usize];
-                                machine.replies().success(&request, &mut r);
-                                r
-                            }
-                            Event::Reject(rejection) => {
-                                let mut r = Vec::new();
-                                machine.replies().rejection(&mut r, &rejection);
-                                r
-                            }
-                            Event::Disconnect => return,
-                        };
-                        buf.drain(..used);
-                        if s.write_all(&reply).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        addr
-    }
-
     /// A volume grown ([`RemoteVolume::grow`]) over a node whose export grew: `grow` returns only once the
     /// node's sessions were made for the new size (or are between sessions), so a READ past the old end
     /// sent right after it is answered, not refused by a session of the old size. Before, `grow` only
@@ -3834,7 +3770,14 @@ mod tests {
     #[tokio::test]
     async fn a_grown_volume_serves_its_new_part_once_grow_returns() {
         let size = Arc::new(AtomicU64::new(1 << 20));
-        let node = growing_node(size.clone()).await;
+        let hole = |r: &rein_proto::nbd::Request| {
+            let mut e = rein_proto::nbd::Extents::new(r);
+            e.push(u64::from(r.length), rein_proto::nbd::STATE_HOLE | rein_proto::nbd::STATE_ZERO);
+            let mut out = Vec::new();
+            e.encode(r.handle, &mut out);
+            out
+        };
+        let (node, _, _) = plain_node("127.0.0.113", size.clone(), true, hole).await;
         let nodes = [node_spec("g", node, NodeProtocol::Nbd)];
         let cfg = LinkConfig { connections: 2, ..link_config(Duration::from_secs(5)) };
         let stripe = Stripe::new(4096, &[1]).unwrap();
@@ -3870,8 +3813,37 @@ mod tests {
     /// hole, then data; with `malformed`, a simple reply without error instead, which breaks the
     /// protocol); counts the connections it took and the BLOCK_STATUS it answered.
     async fn plain_status_node(offers: bool, malformed: bool) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-        use rein_proto::nbd::{Extents, RequestKind, ServerTransmission, TransmissionConfig, STATE_HOLE, STATE_ZERO};
-        let listener = tokio::net::TcpListener::bind("127.0.0.155:0").await.unwrap();
+        use rein_proto::nbd::{Extents, STATE_HOLE, STATE_ZERO};
+        let answer = |r: &rein_proto::nbd::Request| {
+            let mut e = Extents::new(r);
+            e.push(8 << 10, STATE_HOLE | STATE_ZERO);
+            e.push(u64::MAX, 0);
+            let mut out = Vec::new();
+            e.encode(r.handle, &mut out);
+            out
+        };
+        let broken = |r: &rein_proto::nbd::Request| {
+            let mut out = Vec::new();
+            rein_proto::nbd::simple_reply(&mut out, r.handle, 0);
+            out
+        };
+        let size = Arc::new(AtomicU64::new(crate::testkit::export_v().size));
+        plain_node("127.0.0.155", size, offers, if malformed { broken } else { answer }).await
+    }
+
+    /// A fake plain NBD node on `ip` whose export `v` has the size `size` holds at each handshake (a node
+    /// whose image grows), offering `base:allocation` if `offers`: each BLOCK_STATUS is answered with
+    /// `status(request)`'s bytes, other requests with success (a READ's zeroes), a request past the
+    /// session's size refused as the NBD spec says (EINVAL, as `rein serve` does). Counts the connections
+    /// it took and the BLOCK_STATUS it answered.
+    async fn plain_node(
+        ip: &str,
+        size: Arc<AtomicU64>,
+        offers: bool,
+        status: fn(&rein_proto::nbd::Request) -> Vec<u8>,
+    ) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        use rein_proto::nbd::{Event, ExportInfo, RequestKind, ServerTransmission, TransmissionConfig};
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (conns, asked) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (c, a) = (conns.clone(), asked.clone());
@@ -3880,8 +3852,8 @@ mod tests {
                 let Ok((mut s, _)) = listener.accept().await else { return };
                 c.fetch_add(1, Ordering::Relaxed);
                 let a = a.clone();
+                let info = ExportInfo { size: size.load(Ordering::Acquire), ..crate::testkit::export_v() };
                 tokio::spawn(async move {
-                    let info = crate::testkit::export_v();
                     let Some((n, mut buf)) = crate::testkit::serve_handshake_with(&mut s, &info, None, 0, offers).await
                     else {
                         return;
@@ -3891,25 +3863,36 @@ mod tests {
                         ..TransmissionConfig::new(&info, &n, 1 << 20)
                     };
                     let mut machine = ServerTransmission::new(config);
-                    while let Some(request) = crate::testkit::next_request(&mut s, &mut machine, &mut buf).await {
-                        let mut reply = Vec::new();
-                        if let RequestKind::BlockStatus { .. } = request.kind {
-                            a.fetch_add(1, Ordering::Relaxed);
-                            if malformed {
-                                rein_proto::nbd::simple_reply(&mut reply, request.handle, 0);
-                                let _ = s.write_all(&reply).await;
+                    loop {
+                        let (used, event) = machine.feed(&buf).unwrap();
+                        let reply = match event {
+                            Event::NeedMore { .. } => {
+                                if s.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                                    return;
+                                }
                                 continue;
                             }
-                            let mut e = Extents::new(&request);
-                            e.push(8 << 10, STATE_HOLE | STATE_ZERO);
-                            e.push(u64::MAX, 0);
-                            e.encode(request.handle, &mut reply);
-                        } else {
-                            reply = vec![0; machine.replies().headroom(&request) + request.length as usize];
-                            machine.replies().success(&request, &mut reply);
-                        }
+                            Event::Request { request, .. }
+                                if matches!(request.kind, RequestKind::BlockStatus { .. }) =>
+                            {
+                                a.fetch_add(1, Ordering::Relaxed);
+                                status(&request)
+                            }
+                            Event::Request { request, .. } => {
+                                let mut r = vec![0; machine.replies().headroom(&request) + request.length as usize];
+                                machine.replies().success(&request, &mut r);
+                                r
+                            }
+                            Event::Reject(rejection) => {
+                                let mut r = Vec::new();
+                                machine.replies().rejection(&mut r, &rejection);
+                                r
+                            }
+                            Event::Disconnect => return,
+                        };
+                        buf.drain(..used);
                         if s.write_all(&reply).await.is_err() {
-                            break;
+                            return;
                         }
                     }
                 });
