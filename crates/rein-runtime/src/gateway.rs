@@ -1494,6 +1494,17 @@ impl Live {
         (id, VolumeQos { tenants: node_tenants(t), tracker })
     }
 
+    /// Each volume of `cfg` with its tenant's scheduler id and QoS ([`Live::volume_qos`]), to open.
+    fn prepare<'c>(&mut self, cfg: &'c GatewayConfig) -> Vec<(&'c GatewayVolume, rein_core::TenantId, VolumeQos)> {
+        cfg.exports
+            .iter()
+            .map(|v| {
+                let (id, qos) = self.volume_qos(&cfg.tenants[v.tenant], cfg.nodes.len());
+                (v, id, qos)
+            })
+            .collect()
+    }
+
     /// Volume `v`'s export over its opened node connections (on a PARDA host, its tenant's VM).
     async fn make(
         &mut self,
@@ -2761,14 +2772,7 @@ pub async fn run_with(
     // The volumes' node connections open together (OPEN_AT_ONCE at a time), and a stop signal meanwhile
     // ends the start at once (it was heard only once the gateway listened).
     tokio::pin!(shutdown);
-    let prepared: Vec<_> = cfg
-        .exports
-        .iter()
-        .map(|v| {
-            let (id, qos) = live.volume_qos(&cfg.tenants[v.tenant], cfg.nodes.len());
-            (v, id, qos)
-        })
-        .collect();
+    let prepared = live.prepare(&cfg);
     let opened = tokio::select! {
         r = open_remotes(&cfg.nodes, cfg.link, prepared) => r?,
         _ = &mut shutdown => {
@@ -3876,14 +3880,7 @@ mod tests {
     async fn live_over(cfg: &GatewayConfig) -> Live {
         let mut live = Live::new(cfg);
         live.tenants = cfg.tenants.clone();
-        let prepared: Vec<_> = cfg
-            .exports
-            .iter()
-            .map(|v| {
-                let (id, qos) = live.volume_qos(&cfg.tenants[v.tenant], cfg.nodes.len());
-                (v, id, qos)
-            })
-            .collect();
+        let prepared = live.prepare(cfg);
         for (v, id, volume) in open_remotes(&cfg.nodes, cfg.link, prepared).await.unwrap() {
             let lv = live.make(v, &cfg.tenants[v.tenant], id, volume).await.unwrap();
             live.volumes.push(lv);
