@@ -796,7 +796,10 @@ impl StatusSession {
                 p::ClientEvent::Reply { used, reply, .. } => {
                     // The only request outstanding: the decoder refuses a reply to any other.
                     self.input.drain(..used);
-                    return Ok(reply.map(|d| p::status_descriptors(&d).collect()));
+                    // Only the flags `base:allocation` defines (a server must not set others; the v4
+                    // payload refuses them): nothing else reaches the front's clients.
+                    let known = p::STATE_HOLE | p::STATE_ZERO;
+                    return Ok(reply.map(|d| p::status_descriptors(&d).map(|(len, f)| (len, f & known)).collect()));
                 }
             }
         }
@@ -3968,6 +3971,32 @@ mod tests {
         assert_eq!(asked.load(Ordering::Relaxed), 1, "asked once: the second query did not dial");
         assert_eq!(conns.load(Ordering::Relaxed), 2, "the session and one status connection");
         volume.close(Duration::from_secs(1)).await;
+    }
+
+    /// A plain node's descriptors with flags `base:allocation` does not define (bits 2 and 8 here) reach
+    /// the front with only the hole and zero bits (seen failing without the mask: 0x107 passed on).
+    #[tokio::test]
+    async fn a_plain_nodes_unknown_flags_are_not_passed_on() {
+        use rein_proto::nbd::{Extents, Request, RequestKind};
+        let odd = |r: &Request| {
+            let mut out = Vec::new();
+            let mut e = Extents::new(r);
+            e.push(u64::from(r.length), 0x107);
+            e.encode(r.handle, &mut out);
+            out
+        };
+        let size = Arc::new(AtomicU64::new(1 << 20));
+        let (node, _, asked) = plain_node("127.0.0.155", size, true, odd).await;
+        let nodes = [node_spec("o", node, NodeProtocol::Nbd)];
+        let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(5)) };
+        let stripe = Stripe::new(4096, &[1]).unwrap();
+        let volume = RemoteVolume::open("v", 1 << 20, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
+        let kind = RequestKind::BlockStatus { one: false };
+        let r = Request { handle: 1, kind, offset: 0, length: 8192, fua: false, no_hole: false, tag: None };
+        let mut e = Extents::new(&r);
+        volume.block_status(&mut e).await;
+        assert_eq!(asked.load(Ordering::Relaxed), 1, "the node was asked");
+        assert_eq!(e.descriptors(), [(8192, 3)]);
     }
 
     /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
