@@ -484,6 +484,14 @@ fn malformed_block_status_replies_are_named() {
             simple_reply(&mut s, 1, 0);
             s
         }),
+        // A BLOCK_STATUS of length 0 (which no chunk can answer) is a block status all the same: a simple
+        // reply without error to it is named (it was taken for another command's: an empty success; the
+        // fuzz target nbd_client found it, fuzz/corpus/nbd_client/status-zero-length).
+        ("a zero-length block status answered simply", "answered with a simple reply", true, vec![status(0, 0)], {
+            let mut s = Vec::new();
+            simple_reply(&mut s, 1, 0);
+            s
+        }),
     ];
     for (what, want, structured, reqs, stream) in cases {
         let (replies, end) = run(structured, &reqs, &stream);

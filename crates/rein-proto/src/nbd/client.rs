@@ -86,6 +86,8 @@ struct Outstanding {
     ranges: BTreeMap<u64, u64>,
     /// The first error a chunk reported.
     error: Option<u32>,
+    /// A BLOCK_STATUS (one of length 0 too, which no chunk can answer: invariant 5).
+    is_status: bool,
     /// Bytes a BLOCK_STATUS asks about; 0 for other commands.
     status_len: u32,
     /// A BLOCK_STATUS's descriptors for the selected context (wire bytes, at most [`MAX_EXTENTS`]), once
@@ -194,6 +196,7 @@ impl ClientTransmission {
                 covered: 0,
                 ranges: BTreeMap::new(),
                 error: None,
+                is_status: req.command == Command::BlockStatus,
                 status_len,
                 status: None,
             },
@@ -246,7 +249,7 @@ impl ClientTransmission {
         match header {
             ReplyHeader::Simple { error, handle } => {
                 let o = self.outstanding.get(&handle).ok_or_else(|| self.stray(handle))?;
-                if error == 0 && o.status_len > 0 {
+                if error == 0 && o.is_status {
                     // Its descriptors come only in a chunk (invariant 5).
                     return Err(ProtoError::Malformed("block status answered with a simple reply"));
                 }
@@ -284,7 +287,7 @@ impl ClientTransmission {
                 let o = self.complete(handle).expect("looked up above");
                 let reply = match o.error {
                     Some(e) => Err(e),
-                    None if o.status_len > 0 => match o.status {
+                    None if o.is_status => match o.status {
                         Some(descriptors) => Ok(descriptors),
                         None => return Err(ProtoError::Malformed("block status reply without the context's chunk")),
                     },
@@ -303,7 +306,7 @@ impl ClientTransmission {
 fn check_length(o: &Outstanding, kind: u16, length: usize) -> Result<(), ProtoError> {
     if kind == REPLY_TYPE_BLOCK_STATUS {
         // Invariant 5: a context id and whole descriptors, at least one, within the wire bound.
-        if o.status_len == 0 {
+        if !o.is_status {
             return Err(ProtoError::Malformed("block status chunk for a request that is not a block status"));
         }
         if length < 12 || !(length - 4).is_multiple_of(8) {
