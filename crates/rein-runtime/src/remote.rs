@@ -175,7 +175,8 @@
 //! too).
 //!
 //! # Metrics
-//! Each volume counts its requests by kind, errors, bytes and latency (submit to answer) in
+//! Each volume counts its requests by kind (BLOCK_STATUS among them, answered in full or in part, since a
+//! node that cannot answer is described as data), errors, bytes and latency (submit to answer) in
 //! [`VolumeStats`], and each node of it the pieces sent, the pieces failed (node errors, timeouts, lost
 //! sessions, node down), the sessions lost and the FLUSHes failed for lost writes in [`NodeStats`];
 //! [`RemoteVolume::node_report`] adds connections up and pieces in flight. `rein gateway`'s `/metrics`
@@ -613,13 +614,16 @@ pub struct VolumeQos {
 }
 
 /// The request kinds a volume counts, in [`VolumeStats::requests`] order.
-pub const REQUEST_KINDS: [&str; 5] = ["read", "write", "flush", "trim", "write_zeroes"];
+pub const REQUEST_KINDS: [&str; 6] = ["read", "write", "flush", "trim", "write_zeroes", "block_status"];
+
+/// [`REQUEST_KINDS`]' index of a BLOCK_STATUS.
+const BLOCK_STATUS_KIND: usize = 5;
 
 /// A volume's requests as the VMs see them (module comment, "Metrics").
 #[derive(Default)]
 pub struct VolumeStats {
     /// Requests answered, by kind ([`REQUEST_KINDS`]).
-    pub requests: [AtomicU64; 5],
+    pub requests: [AtomicU64; 6],
     /// Requests answered with an error.
     pub errors: AtomicU64,
     /// Bytes of successful READs.
@@ -1345,6 +1349,7 @@ impl RemoteVolume {
     /// does not cover. A node that cannot answer (plain NBD, below v4, down, an error, a malformed answer)
     /// has its part described as data (flags 0). Not scheduled: no tag's tracker is charged.
     pub async fn block_status(&self, extents: &mut p::Extents) {
+        let start = Instant::now();
         let offset = extents.next_offset();
         let unit = self.stripe.unit();
         let cap = (offset / unit + STATUS_SPAN_UNITS) * unit - offset;
@@ -1410,6 +1415,8 @@ impl RemoteVolume {
             });
         }
         self.stripe.volume_extents(offset, span, &answers, |len, flags| extents.push(len, flags));
+        // Counted as answered (a node that could not answer is described as data, not failed).
+        self.stats.record(BLOCK_STATUS_KIND, 0, start.elapsed(), true);
     }
 
     /// Whether the volume refuses writes: its own `read_only` ([`RemoteVolume::set_read_only`]), or a node

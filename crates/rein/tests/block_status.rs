@@ -261,6 +261,9 @@ fn a_gateway_volume_maps_and_copies_as_its_nodes_extents() {
     let want = map_of(&runs, block, 64 * MIB, |_| false);
     assert_eq!(want.len(), 7, "four data runs, holes between: {want:?}");
     assert_eq!(nbdinfo_map(&uri), want, "nbdinfo --map through the gateway");
+    let series = "rein_gateway_requests_total{export=\"v\",kind=\"block_status\"}";
+    let asked = series_value(&metrics(gw.admin), series);
+    assert!(asked >= 1.0, "the gateway counts the block status it answered: {asked}");
 
     // nbdcopy to a sparse file: the nodes read about the data, not the volume's 64 MiB.
     let data: u64 = want.iter().filter(|e| e.2 == 0).map(|e| e.1).sum();

@@ -208,7 +208,7 @@ fn real_clients_round_trip_through_three_nodes() {
     );
     assert_eq!(value("rein_gateway_request_errors_total{export=\"v\"}"), 0.0);
     let all = value("rein_gateway_request_latency_seconds_count{export=\"v\"}");
-    let kinds: f64 = ["read", "write", "flush", "trim", "write_zeroes"]
+    let kinds: f64 = ["read", "write", "flush", "trim", "write_zeroes", "block_status"]
         .iter()
         .map(|k| value(&format!("rein_gateway_requests_total{{export=\"v\",kind=\"{k}\"}}")))
         .sum();
