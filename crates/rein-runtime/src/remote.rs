@@ -3725,17 +3725,7 @@ mod tests {
         .await;
         let nodes: Vec<NodeSpec> =
             [("a", a), ("b", b)].into_iter().map(|(name, a)| node_spec(name, a, NodeProtocol::Rein)).collect();
-        let tenant = NodeTenant {
-            name: "t".into(),
-            reservation: 0.0,
-            limit: None,
-            weight: 1.0,
-            local_reservation: 0.0,
-            idle_credit: 0,
-            split: rein_proto::nbd::node::NodeSplit::Spread,
-        };
-        let tracker = Arc::new(Mutex::new(ServiceTracker::new(2)));
-        let qos = VolumeQos { tenants: vec![tenant.clone(), tenant], tracker };
+        let qos = qos(2);
         let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(10)) };
         let stripe = Stripe::new(4096, &[1, 1]).unwrap();
         let exports = vec!["v".to_string(), "v".to_string()];
