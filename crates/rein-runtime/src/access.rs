@@ -31,7 +31,8 @@
 //! [`ConnLimits::metrics`] gives `/metrics` of both daemons (`rein serve`, `rein gateway`) the same series:
 //! the connections counted now against `max_connections` and the cap, the refusals at each cap (by the
 //! cap's key: a refusal is logged at most once a second, so the count is where an operator sees how many
-//! clients a cap turned away), failed handshakes and failed accepts.
+//! clients a cap turned away), failed handshakes and failed accepts, and the BLOCK_STATUS requests taken
+//! (they pass no tenant's scheduler, so its counters do not show them: a client flooding them shows here).
 
 use crate::lograte::LogRate;
 use ipnet::IpNet;
@@ -158,6 +159,8 @@ pub struct ConnLimits {
     /// (module comment, "Metrics").
     refused: [AtomicU64; 3],
     handshakes_failed: AtomicU64,
+    /// BLOCK_STATUS requests taken (module comment, "Metrics").
+    block_status: AtomicU64,
 }
 
 /// What a listener does when `accept` fails (descriptors run out, say): waits 10 ms, doubling with each
@@ -323,6 +326,7 @@ impl ConnLimits {
             handshake_log: SparseLog::default(),
             refused: Default::default(),
             handshakes_failed: AtomicU64::new(0),
+            block_status: AtomicU64::new(0),
         })
     }
 
@@ -349,9 +353,12 @@ impl ConnLimits {
              timeout, the client gone).\n# TYPE rein_nbd_handshakes_failed_total counter\n\
              rein_nbd_handshakes_failed_total {}\n\
              # HELP rein_nbd_accepts_failed_total Accepts of a new connection that failed (descriptors run \
-             out, say).\n# TYPE rein_nbd_accepts_failed_total counter\nrein_nbd_accepts_failed_total {}",
+             out, say).\n# TYPE rein_nbd_accepts_failed_total counter\nrein_nbd_accepts_failed_total {}\n\
+             # HELP rein_nbd_block_status_total BLOCK_STATUS requests taken (answered without the tenants' \
+             schedulers).\n# TYPE rein_nbd_block_status_total counter\nrein_nbd_block_status_total {}",
             self.handshakes_failed.load(Relaxed),
-            self.accepts.count()
+            self.accepts.count(),
+            self.block_status.load(Relaxed)
         );
     }
 
@@ -410,6 +417,11 @@ impl ConnLimits {
     /// lines a second): how long to wait before the next accept, and whether it logged.
     pub fn accept_failed(&self, e: &std::io::Error) -> (Duration, bool) {
         self.accepts.failed("NBD listener", e)
+    }
+
+    /// A BLOCK_STATUS was taken on a connection (`rein_nbd_block_status_total`).
+    pub fn block_status_taken(&self) {
+        self.block_status.fetch_add(1, Relaxed);
     }
 
     /// Logs a failed handshake (at INFO), at most once per [`REFUSAL_LOG_INTERVAL`]; the next line says
@@ -522,6 +534,7 @@ mod tests {
             "rein_nbd_connections_refused_total{cap=\"max_connections_per_client\"} 1\n",
             "rein_nbd_connections_refused_total{cap=\"max_connections_per_tenant\"} 1\n",
             "rein_nbd_handshakes_failed_total 0\n",
+            "rein_nbd_block_status_total 0\n",
         ] {
             assert!(o.contains(line), "{line}in\n{o}");
         }

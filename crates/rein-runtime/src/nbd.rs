@@ -563,7 +563,7 @@ pub async fn serve_client(
     tracing::info!(%peer, export = %export.info.name, tenant = %export.tenant_name, tls = hs.tls_active(), identity = identity.as_deref().unwrap_or(""), structured = negotiated.structured, node = negotiated.node.is_some(), "NBD connection opened");
     let config = TransmissionConfig::new(&export.info, &negotiated, ctx.max_payload);
     let machine = ServerTransmission::new(TransmissionConfig { read_only: read_only[negotiated.export], ..config });
-    let conn = Conn { ctx: &ctx, export, peer, opened, node_tenants };
+    let conn = Conn { ctx: &ctx, export, peer, opened, node_tenants, counters: Arc::clone(&policy.limits) };
     match transport {
         NbdStream::Plain(stream) => {
             // The plain path keeps the socket's own halves (no lock between reader and writer).
@@ -588,6 +588,8 @@ struct Conn<'a> {
     opened: Instant,
     /// The tenant of each slot of a storage-node session (empty otherwise).
     node_tenants: Vec<TenantId>,
+    /// The daemon's connection counters (its BLOCK_STATUS count among them).
+    counters: Arc<ConnLimits>,
 }
 
 /// The transmission phase on a split transport: a reader here, the writer task, the wait for in-flight
@@ -607,7 +609,7 @@ where
     let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let (replies, rx) = mpsc::unbounded_channel();
     let last_reply_ms = Arc::new(AtomicU64::new(0));
-    let Conn { ctx, export, peer, opened, node_tenants } = conn;
+    let Conn { ctx, export, peer, opened, node_tenants, counters } = conn;
     let coalesce = matches!(export.backend, Backend::Remote(_) | Backend::Hosted(_));
     // Set once no reply can reach the client (the socket broke): its queued requests are then not run,
     // unless it sent NBD_CMD_DISC ([`Gone`]).
@@ -627,6 +629,7 @@ where
         permits: permits.clone(),
         lookups: Arc::new(Semaphore::new(BLOCK_STATUS_AT_ONCE)),
         server_lookups: Arc::clone(&ctx.limits.lookups),
+        counters,
         budget: ctx.limits.budget.tenant(export.tenant),
         slot_budgets: node_tenants.iter().map(|&t| ctx.limits.budget.tenant(t)).collect(),
         idle: ctx.limits.idle_timeout.map(|after| Idle {
@@ -841,6 +844,8 @@ struct Connection<'a> {
     lookups: Arc<Semaphore>,
     /// The server's ([`Limits::lookups`]).
     server_lookups: Arc<Semaphore>,
+    /// The daemon's connection counters (`rein_nbd_block_status_total`).
+    counters: Arc<ConnLimits>,
     budget: TenantBudget,
     /// On a storage-node session, each slot's tenant's budget (same order as `node_tenants`).
     slot_budgets: Vec<TenantBudget>,
@@ -1147,6 +1152,7 @@ impl Connection<'_> {
     /// Answers a BLOCK_STATUS from the export's storage on the blocking pool, or a gateway volume's from
     /// its nodes ([`RemoteVolume::block_status`]; module comment, "Block status").
     fn block_status(&self, request: Request, held: Held, lookup: OwnedSemaphorePermit) {
+        self.counters.block_status_taken();
         let encoder = self.machine.replies();
         let replies = self.replies.clone();
         let storage = match &self.export.backend {

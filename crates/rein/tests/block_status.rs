@@ -89,6 +89,8 @@ fn a_sparse_file_export_maps_and_copies_as_its_extents() {
     assert!(want.len() == 6, "three data runs between holes: {want:?}");
     let uri = format!("nbd://{}/sparse", s.nbd);
     assert_eq!(nbdinfo_map(&uri), want, "nbdinfo --map");
+    let asked = series_value(&metrics(s.admin), "rein_nbd_block_status_total");
+    assert!(asked >= 1.0, "the server counts the block status it took: {asked}");
 
     // qemu-img map: the same runs (data, or zero and not data).
     let out = run_ok(tool("qemu-img").args(["map", "--output=json", "-f", "raw", &uri]));
