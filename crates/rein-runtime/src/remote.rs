@@ -3686,7 +3686,7 @@ mod tests {
     /// data, never as holes.
     #[tokio::test]
     async fn a_volumes_block_status_maps_its_nodes_answers() {
-        use rein_proto::nbd::{Extents, Request, RequestKind, STATE_HOLE, STATE_ZERO};
+        use rein_proto::nbd::{Extents, Request, STATE_HOLE, STATE_ZERO};
         const HOLE: u32 = STATE_HOLE | STATE_ZERO;
         fn reply(request: &Request, descriptors: &[(u64, u32)]) -> Vec<u8> {
             let mut e = Extents::new(request);
@@ -3730,20 +3730,7 @@ mod tests {
         let stripe = Stripe::new(4096, &[1, 1]).unwrap();
         let exports = vec!["v".to_string(), "v".to_string()];
         let volume = RemoteVolume::open("v", 64 << 10, stripe, &nodes, &exports, Some(qos), cfg).await.unwrap();
-        let status = || async {
-            let request = Request {
-                handle: 1,
-                kind: RequestKind::BlockStatus { one: false },
-                offset: 0,
-                length: 64 << 10,
-                fua: false,
-                no_hole: false,
-                tag: None,
-            };
-            let mut e = Extents::new(&request);
-            volume.block_status(&mut e).await;
-            e.descriptors().to_vec()
-        };
+        let status = || status_of(&volume, 0, 64 << 10);
         let k = 4096u32;
         // Units 0-3 hole (a's first 8 KiB, b's), then a's units data and b's hole, one by one.
         let mut want = vec![(4 * k, HOLE)];
@@ -3783,17 +3770,7 @@ mod tests {
         let stripe = Stripe::new(4096, &[1]).unwrap();
         let volume = RemoteVolume::open("v", 1 << 20, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
         assert!(read_at(&volume, (1 << 20) - 4096).await.is_ok(), "the old end");
-        let status = |offset: u64| {
-            let volume = &volume;
-            async move {
-                use rein_proto::nbd::{Extents, Request, RequestKind};
-                let kind = RequestKind::BlockStatus { one: false };
-                let r = Request { handle: 1, kind, offset, length: 8192, fua: false, no_hole: false, tag: None };
-                let mut e = Extents::new(&r);
-                volume.block_status(&mut e).await;
-                e.descriptors().to_vec()
-            }
-        };
+        let status = |offset: u64| status_of(&volume, offset, 8192);
         let hole = rein_proto::nbd::STATE_HOLE | rein_proto::nbd::STATE_ZERO;
         assert_eq!(status(0).await, [(8192, hole)], "the status connection, opened for the old size");
         size.store(2 << 20, Ordering::Release);
@@ -3907,7 +3884,7 @@ mod tests {
     /// and its units are data. Seen failing without the status connection (a's units reported as data).
     #[tokio::test]
     async fn a_plain_nodes_block_status_comes_from_its_status_connection() {
-        use rein_proto::nbd::{Extents, Request, RequestKind, STATE_HOLE, STATE_ZERO};
+        use rein_proto::nbd::{STATE_HOLE, STATE_ZERO};
         const HOLE: u32 = STATE_HOLE | STATE_ZERO;
         let (a, a_conns, a_asked) = plain_status_node(true, false).await;
         let (b, b_conns, b_asked) = plain_status_node(false, false).await;
@@ -3917,22 +3894,11 @@ mod tests {
         let stripe = Stripe::new(4096, &[1, 1]).unwrap();
         let exports = vec!["v".to_string(), "v".to_string()];
         let volume = RemoteVolume::open("v", 64 << 10, stripe, &nodes, &exports, None, cfg).await.unwrap();
-        let request = Request {
-            handle: 1,
-            kind: RequestKind::BlockStatus { one: false },
-            offset: 0,
-            length: 64 << 10,
-            fua: false,
-            no_hole: false,
-            tag: None,
-        };
         let k = 4096u32;
         // a's first two units (volume units 0 and 2) hole, the rest data.
         let want = [(k, HOLE), (k, 0), (k, HOLE), (13 * k, 0)];
         for round in 0..2 {
-            let mut e = Extents::new(&request);
-            volume.block_status(&mut e).await;
-            assert_eq!(e.descriptors(), want, "round {round}");
+            assert_eq!(status_of(&volume, 0, 64 << 10).await, want, "round {round}");
         }
         assert_eq!(a_asked.load(Ordering::Relaxed), 2, "a asked once per request");
         assert_eq!(a_conns.load(Ordering::Relaxed), 2, "a: the session and one status connection, kept");
@@ -3945,25 +3911,13 @@ mod tests {
     /// dropped, and the next query (within the second) reports data without dialling it again.
     #[tokio::test]
     async fn a_plain_nodes_broken_answer_drops_its_status_connection_for_a_while() {
-        use rein_proto::nbd::{Extents, Request, RequestKind};
         let (a, conns, asked) = plain_status_node(true, true).await;
         let nodes = vec![node_spec("a", a, NodeProtocol::Nbd)];
         let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(10)) };
         let stripe = Stripe::new(4096, &[1]).unwrap();
         let volume = RemoteVolume::open("v", 64 << 10, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
-        let request = Request {
-            handle: 1,
-            kind: RequestKind::BlockStatus { one: false },
-            offset: 0,
-            length: 64 << 10,
-            fua: false,
-            no_hole: false,
-            tag: None,
-        };
         for round in 0..2 {
-            let mut e = Extents::new(&request);
-            volume.block_status(&mut e).await;
-            assert_eq!(e.descriptors(), [(64 << 10, 0)], "round {round}: data");
+            assert_eq!(status_of(&volume, 0, 64 << 10).await, [(64 << 10, 0)], "round {round}: data");
         }
         assert_eq!(asked.load(Ordering::Relaxed), 1, "asked once: the second query did not dial");
         assert_eq!(conns.load(Ordering::Relaxed), 2, "the session and one status connection");
@@ -3974,7 +3928,7 @@ mod tests {
     /// the front with only the hole and zero bits (seen failing without the mask: 0x107 passed on).
     #[tokio::test]
     async fn a_plain_nodes_unknown_flags_are_not_passed_on() {
-        use rein_proto::nbd::{Extents, Request, RequestKind};
+        use rein_proto::nbd::{Extents, Request};
         let odd = |r: &Request| {
             let mut out = Vec::new();
             let mut e = Extents::new(r);
@@ -3988,12 +3942,19 @@ mod tests {
         let cfg = LinkConfig { connections: 1, ..link_config(Duration::from_secs(5)) };
         let stripe = Stripe::new(4096, &[1]).unwrap();
         let volume = RemoteVolume::open("v", 1 << 20, stripe, &nodes, &["v".to_string()], None, cfg).await.unwrap();
+        let got = status_of(&volume, 0, 8192).await;
+        assert_eq!(asked.load(Ordering::Relaxed), 1, "the node was asked");
+        assert_eq!(got, [(8192, 3)]);
+    }
+
+    /// `volume`'s answer to a front BLOCK_STATUS of `length` bytes at `offset`: its descriptors.
+    async fn status_of(volume: &RemoteVolume, offset: u64, length: u32) -> Vec<(u32, u32)> {
+        use rein_proto::nbd::{Extents, Request, RequestKind};
         let kind = RequestKind::BlockStatus { one: false };
-        let r = Request { handle: 1, kind, offset: 0, length: 8192, fua: false, no_hole: false, tag: None };
+        let r = Request { handle: 1, kind, offset, length, fua: false, no_hole: false, tag: None };
         let mut e = Extents::new(&r);
         volume.block_status(&mut e).await;
-        assert_eq!(asked.load(Ordering::Relaxed), 1, "the node was asked");
-        assert_eq!(e.descriptors(), [(8192, 3)]);
+        e.descriptors().to_vec()
     }
 
     /// A node spec of `name` at `addr` speaking `protocol`, without TLS.
